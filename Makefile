@@ -1,0 +1,25 @@
+# Two entry points for a newcomer: `make demo` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test check clean
+
+$(STAMP): pyproject.toml
+	@echo "== setting up $(VENV) (first run only)"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# the CPU build of torch first, so that the project's torch requirement is already met
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[cpu,test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: $(STAMP)
+	$(BIN)/accscale demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf build model_repository/*/ runs

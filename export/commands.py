@@ -1,0 +1,100 @@
+"""``accscale profile`` and ``accscale export``: build the supernet and put it in Triton's repository."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+from pathlib import Path
+
+from export.presets import DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, PRESETS, get_preset
+
+log = logging.getLogger(__name__)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
+                        help="'full' is the demo's supernet; 'fast' trains in about a minute for tests (default: full)")
+    parser.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR,
+                        help="cache of trained weights, calibration and profile (default: build/)")
+    parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
+                        help="Triton model repository to write models into (default: model_repository/)")
+    parser.add_argument("--instances", type=int, default=1, help="Triton model instances (worker slots) per model")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads per model instance")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile", help="train (cached), search subnets, measure them and write the Pareto profile",
+        description="SuperServe's SuperNet profiler. Trains the supernet if needed, calibrates SubnetNorm "
+                    "statistics for searched subnets, measures accuracy on held-out digits and latency per batch "
+                    "size 1..16, keeps the latency-accuracy Pareto set, writes the profile and installs the "
+                    "supernet model (statistics for the Pareto set) into the repository.")
+    _common(p)
+    p.add_argument("--mode", choices=("triton", "onnxruntime"), default="triton",
+                   help="measure latency through a real Triton server (default) or onnxruntime alone (faster)")
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per subnet and batch size (default: 20)")
+    p.add_argument("--out", type=Path, help="profile path (default: build/<preset>/profile.json)")
+    p.set_defaults(func=run_profile)
+
+    e = subparsers.add_parser(
+        "export", help="export the supernet and static subnets from a profile into the Triton repository",
+        description="Writes the SubNetAct supernet (one ONNX graph, control flow driven by the CONTROL input) "
+                    "and, on request, single subnets as their own static Triton models.")
+    _common(e)
+    e.add_argument("--profile", type=Path, help="profile naming the subnets (default: build/<preset>/profile.json)")
+    e.add_argument("--subnets", choices=("pareto", "all"), default="pareto",
+                   help="calibrate the supernet model for the profile's Pareto set (default) or every searched subnet")
+    e.add_argument("--static", metavar="SUBNET_ID", action="append", default=[],
+                   help="also export this subnet as its own static model (repeatable), e.g. d142-w3.3210.21")
+    e.add_argument("--static-spread", type=int, default=0, metavar="N",
+                   help="also export N Pareto subnets uniformly spaced in accuracy as static models")
+    e.set_defaults(func=run_export)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from export.artifacts import Artifacts
+    from export.profiler import export_supernet, profile_supernet
+
+    artifacts = Artifacts(get_preset(args.preset), args.build_dir)
+    act = artifacts.supernet()
+    calibration = artifacts.calibration(act)
+    source = f"accscale profile --preset {args.preset} --mode {args.mode} on {platform.node()} ({platform.machine()})"
+    profile, kept = profile_supernet(act, calibration, mode=args.mode, repeats=args.repeats,
+                                     name=f"digits-supernet-{args.preset}", source=source)
+    out = args.out or artifacts.profile_path
+    profile.save(out)
+    model_dir = export_supernet(act, kept, args.repository, instances=args.instances, threads=args.threads)
+    device = profile.device_kinds[0]
+    lo, hi = profile.variants[0], profile.variants[-1]
+    print(f"profile: {out}")
+    print(f"pareto subnets: {len(profile.variants)} of {len(calibration.candidates)} searched")
+    print(f"top-1 accuracy: {100 * lo.accuracy:.2f}% .. {100 * hi.accuracy:.2f}%")
+    print(f"batch-1 p50 latency ({device}): {lo.latency[device].p50_at(1):.3f} ms .. "
+          f"{hi.latency[device].p50_at(1):.3f} ms")
+    print(f"supernet model: {model_dir}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from export.artifacts import Artifacts
+    from export.profiler import export_static, export_supernet
+    from scheduler_sidecar.profile import Profile
+
+    artifacts = Artifacts(get_preset(args.preset), args.build_dir)
+    act = artifacts.supernet()
+    calibration = artifacts.calibration(act)
+    profile_path = args.profile or artifacts.profile_path
+    needs_profile = args.subnets == "pareto" or args.static_spread
+    profile = Profile.load(profile_path) if needs_profile else None
+    if profile is not None:
+        chosen = calibration.select([v.id for v in profile.variants])
+    else:
+        chosen = list(calibration.candidates)
+    model_dir = export_supernet(act, chosen, args.repository, instances=args.instances, threads=args.threads)
+    print(f"supernet model: {model_dir} ({len(chosen)} calibrated subnets)")
+    static_ids = list(args.static) + ([v.id for v in profile.spread(args.static_spread)] if profile else [])
+    for candidate in calibration.select(static_ids):
+        path = export_static(act, candidate, args.repository, instances=args.instances, threads=args.threads)
+        print(f"static model: {path} ({candidate.subnet_id}, top-1 {100 * candidate.accuracy:.2f}%)")
+    return 0

@@ -1,0 +1,218 @@
+"""Write the SubNetAct supernet, or one static subnet, as an ONNX graph.
+
+The supernet graph carries SubNetAct's control flow as ONNX operators, driven by inputs:
+
+- ``DEPTH`` (int64 [M]): LayerSelect is an ``If`` per block beyond a stage's first, whose
+  else-branch forwards the block's input unchanged;
+- ``WIDTH`` (int64 [K], width-choice indices): WeightSlice is a ``Gather`` of the block's
+  channel count from a constant table, then ``Slice`` of the convolution weights, gamma and
+  beta to that many channels;
+- ``SUBNET`` (int64 scalar): SubnetNorm is a ``Gather`` of row SUBNET from each
+  BatchNorm's [S, C] mean and variance tables.
+
+All weights are initialisers of the main graph, shared by every subnet. A static subnet
+is the same network with constant, physically sliced weights and no control inputs.
+
+NOTE: the graph is emitted directly with ``onnx.helper`` rather than through
+``torch.onnx.export``: the TorchScript exporter is deprecated and the dynamo exporter does
+not turn data-dependent slicing into ``Slice`` on a runtime input. One emitter serves both
+graphs, so the supernet and its static subnets differ only in how parameters are obtained.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+from export.subnetact import BoolModule, SubNetAct, SubnetNorm, WeightSlice
+from export.supernet import ResidualBlock, ResNetSupernet
+from python_backend.control import channels
+
+OPSET = 17
+INPUT, LOGITS = "INPUT", "LOGITS"
+DEPTH, WIDTH, SUBNET = "DEPTH", "WIDTH", "SUBNET"
+
+
+class _Graph:
+    """A node list; branches share the root's initialisers and name counter."""
+
+    def __init__(self, root: "_Graph | None" = None) -> None:
+        self.root = root.root if root else self
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def fresh(self, hint: str) -> str:
+        self.root._count += 1
+        return f"{hint}_{self.root._count}"
+
+    def const(self, value: np.ndarray | torch.Tensor, hint: str) -> str:
+        array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        name = self.fresh(hint)
+        self.root.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], **attrs: object) -> str:
+        out = self.fresh(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [out], **attrs))
+        return out
+
+    def branch_graph(self, name: str, output: str) -> onnx.GraphProto:
+        return helper.make_graph(self.nodes, name, [], [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)])
+
+
+class _Emitter:
+    """Shared network structure; subclasses decide how weights and statistics are obtained."""
+
+    def conv(self, g: _Graph, x: str, module: nn.Module, out: str | None = None, inp: str | None = None) -> str:
+        stride, pad = module.stride[0], module.padding[0]
+        weight = self.conv_weight(g, module, out, inp)
+        return g.op("Conv", [x, weight], strides=[stride, stride], pads=[pad] * 4)
+
+    def conv_weight(self, g: _Graph, module: nn.Module, out: str | None, inp: str | None) -> str:
+        raise NotImplementedError
+
+    def norm(self, g: _Graph, x: str, module: nn.Module, width: str | None = None) -> str:
+        raise NotImplementedError
+
+    def stem(self, g: _Graph, x: str, stem: nn.Module) -> str:
+        return g.op("Relu", [self.norm(g, self.conv(g, x, stem.conv), stem.bn)])
+
+    def block(self, g: _Graph, x: str, block: ResidualBlock, width: str | None = None) -> str:
+        h = g.op("Relu", [self.norm(g, self.conv(g, x, block.conv1, out=width), block.bn1, width)])
+        h = self.norm(g, self.conv(g, h, block.conv2, inp=width), block.bn2)
+        shortcut = x
+        if not isinstance(block.shortcut, nn.Identity):
+            shortcut = self.norm(g, self.conv(g, x, block.shortcut[0]), block.shortcut[1])
+        return g.op("Relu", [g.op("Add", [h, shortcut])])
+
+    def head(self, g: _Graph, x: str, head: nn.Module) -> str:
+        pooled = g.op("Flatten", [g.op("GlobalAveragePool", [x])])
+        return g.op("Gemm", [pooled, g.const(head.fc.weight, "fc_w"), g.const(head.fc.bias, "fc_b")], transB=1)
+
+
+class _StaticEmitter(_Emitter):
+    def conv_weight(self, g: _Graph, module: nn.Module, out: str | None, inp: str | None) -> str:
+        return g.const(module.weight, "w")
+
+    def norm(self, g: _Graph, x: str, module: nn.Module, width: str | None = None) -> str:
+        params = [module.weight, module.bias, module.running_mean, module.running_var]
+        return g.op("BatchNormalization", [x] + [g.const(p, "bn") for p in params], epsilon=module.eps)
+
+
+class _DynamicEmitter(_Emitter):
+    """Weights are sliced to a block's width *inside* that width's branch, with constant
+    bounds, so onnxruntime folds each slice at session load and runs prepacked kernels."""
+
+    def __init__(self, g: _Graph) -> None:
+        self.weights: dict[int, str] = {}  # id(tensor) -> initialiser name, shared by all branches
+
+    def shared(self, g: _Graph, tensor: torch.Tensor, hint: str) -> str:
+        if id(tensor) not in self.weights:
+            self.weights[id(tensor)] = g.const(tensor, hint)
+        return self.weights[id(tensor)]
+
+    def slice(self, g: _Graph, tensor: str, end: str, axis: int) -> str:
+        return g.op("Slice", [tensor, g.const(np.array([0]), "start"), end, g.const(np.array([axis]), "axis")])
+
+    def conv_weight(self, g: _Graph, module: WeightSlice, out: str | None, inp: str | None) -> str:
+        weight = self.shared(g, module.weight, "w")
+        if out is not None:
+            weight = self.slice(g, weight, out, 0)
+        if inp is not None:
+            weight = self.slice(g, weight, inp, 1)
+        return weight
+
+    def norm(self, g: _Graph, x: str, module: SubnetNorm, width: str | None = None) -> str:
+        params = [self.shared(g, module.weight, "gamma"), self.shared(g, module.bias, "beta")]
+        params += [g.op("Gather", [self.shared(g, t, "stats"), SUBNET], axis=0)
+                   for t in (module.mean_table, module.var_table)]
+        if width is not None:
+            params = [self.slice(g, p, width, 0) for p in params]
+        return g.op("BatchNormalization", [x] + params, epsilon=module.eps)
+
+    def elastic_block(self, g: _Graph, x: str, switch: BoolModule, choice: str, widths: tuple[float, ...]) -> str:
+        """WeightSlice: one branch per width choice, selected by a chain of ``If`` on ``choice``."""
+        def leaf(i: int) -> tuple[_Graph, str]:
+            branch = _Graph(g)
+            width = g.const(np.array([channels(widths[i], switch.width.max_channels)]), "width")
+            return branch, self.block(branch, x, switch.block, width)
+
+        graph, out = leaf(len(widths) - 1)
+        for i in reversed(range(len(widths) - 1)):
+            then_graph, then_out = leaf(i)
+            parent = _Graph(g)
+            cond = parent.op("Equal", [choice, g.const(np.array(i), "choice")])
+            merged = parent.op("If", [cond], then_branch=then_graph.branch_graph("width_then", then_out),
+                               else_branch=graph.branch_graph("width_else", out))
+            graph, out = parent, merged
+        g.nodes.extend(graph.nodes)
+        return out
+
+
+def _model(g: _Graph, inputs: list[onnx.ValueInfoProto], num_classes: int, name: str) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        g.nodes, name, inputs,
+        [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["N", num_classes])],
+        initializer=g.initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="accscale")
+    onnx.checker.check_model(model)
+    return model
+
+
+def _image_input(image_size: int) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(INPUT, TensorProto.FLOAT, ["N", 1, image_size, image_size])
+
+
+def static_model(net: ResNetSupernet, name: str = "subnet") -> onnx.ModelProto:
+    """A plain network (e.g. from :func:`export.subnetact.extract_subnet`) as ONNX."""
+    g, emit = _Graph(), _StaticEmitter()
+    x = emit.stem(g, INPUT, net.stem)
+    for stage in net.stages:
+        for block in stage:
+            x = emit.block(g, x, block)
+    g.nodes.append(helper.make_node("Identity", [emit.head(g, x, net.head)], [LOGITS]))
+    return _model(g, [_image_input(net.spec.image_size)], net.spec.num_classes, name)
+
+
+def supernet_model(act: SubNetAct, name: str = "supernet") -> onnx.ModelProto:
+    """The whole supernet with SubNetAct control flow; SubnetNorm tables must be installed."""
+    if act.num_calibrated == 0:
+        raise ValueError("install SubnetNorm statistics (SubNetAct.set_norm_tables) before exporting")
+    layout = act.layout
+    g = _Graph()
+    emit = _DynamicEmitter(g)
+    x = emit.stem(g, INPUT, act.model.stem)
+    for s, stage in enumerate(act.model.stages):
+        depth = g.op("Gather", [DEPTH, g.const(np.array(s), "stage")], axis=0)
+        for b, switch in enumerate(stage):
+            branch = _Graph(g) if b > 0 else g
+            choice = branch.op("Gather", [WIDTH, g.const(np.array(layout.block_index(s, b)), "block")], axis=0)
+            y = emit.elastic_block(branch, x, switch, choice, layout.width_choices)
+            if b == 0:  # LayerSelect never skips a stage's first block
+                x = y
+                continue
+            skip = _Graph(g)
+            skipped = skip.op("Identity", [x])
+            x = g.op("If", [g.op("Greater", [depth, g.const(np.array(b), "b")])],
+                     then_branch=branch.branch_graph("block_run", y),
+                     else_branch=skip.branch_graph("block_skip", skipped))
+    g.nodes.append(helper.make_node("Identity", [emit.head(g, x, act.model.head)], [LOGITS]))
+    inputs = [
+        _image_input(act.spec.image_size),
+        helper.make_tensor_value_info(DEPTH, TensorProto.INT64, [layout.num_stages]),
+        helper.make_tensor_value_info(WIDTH, TensorProto.INT64, [layout.num_blocks]),
+        helper.make_tensor_value_info(SUBNET, TensorProto.INT64, []),
+    ]
+    return _model(g, inputs, act.spec.num_classes, name)
+
+
+def save(model: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))

@@ -1,0 +1,82 @@
+"""Supernet architectures and build presets (no heavy imports: the CLI reads them for --help)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from python_backend.control import ControlLayout
+
+DEFAULT_BUILD_DIR = Path("build")  # trained weights, calibration and profiles, per preset
+DEFAULT_REPOSITORY = Path("model_repository")  # the Triton model repository operators mount
+
+
+@dataclass(frozen=True)
+class SupernetSpec:
+    """Architecture of the full supernet; presets differ only in these numbers."""
+
+    image_size: int = 16  # digits are 8x8; upscaled so that three stages have room to downsample
+    num_classes: int = 10
+    stage_channels: tuple[int, ...] = (32, 64, 128)  # output channels C of each stage
+    max_depths: tuple[int, ...] = (4, 4, 4)  # blocks per stage in the full network
+    width_choices: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # elastic middle-channel fractions
+    mid_channels: tuple[tuple[int, ...], ...] = field(default=(), compare=False)  # per block; () = full
+
+    @property
+    def layout(self) -> ControlLayout:
+        return ControlLayout(self.max_depths, self.width_choices)
+
+    def block_mid_channels(self, stage: int, block: int) -> int:
+        if self.mid_channels:
+            return self.mid_channels[stage][block]
+        return self.stage_channels[stage]
+
+    def to_dict(self) -> dict:
+        return {
+            "image_size": self.image_size,
+            "num_classes": self.num_classes,
+            "stage_channels": list(self.stage_channels),
+            "max_depths": list(self.max_depths),
+            "width_choices": list(self.width_choices),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "SupernetSpec":
+        return cls(
+            image_size=raw["image_size"],
+            num_classes=raw["num_classes"],
+            stage_channels=tuple(raw["stage_channels"]),
+            max_depths=tuple(raw["max_depths"]),
+            width_choices=tuple(raw["width_choices"]),
+        )
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything that distinguishes a quick test build from the demo's build."""
+
+    name: str
+    spec: SupernetSpec
+    full_epochs: int  # phase 1: the largest network alone
+    elastic_epochs: int  # phase 2: sandwich rule over the whole space
+    search_candidates: int  # random subnets the profiler evaluates
+    batch_size: int = 64
+    lr: float = 0.05
+    weight_decay: float = 5e-4
+    num_random_subnets: int = 2  # sandwich rule: largest + smallest + this many random subnets
+    seed: int = 0
+
+
+PRESETS: dict[str, Preset] = {
+    # tests and CI: a narrower network, a few epochs; subnets are still meaningfully different
+    "fast": Preset("fast", SupernetSpec(stage_channels=(16, 32, 64), max_depths=(3, 3, 3)),
+                   full_epochs=4, elastic_epochs=6, search_candidates=120),
+    # the demo's default model
+    "full": Preset("full", SupernetSpec(), full_epochs=12, elastic_epochs=30, search_candidates=600),
+}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name]

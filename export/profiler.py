@@ -1,0 +1,265 @@
+"""SuperServe's SuperNet profiler: search, calibrate, measure, keep the Pareto set.
+
+NOTE on the procedure (SuperServe section 5, "SuperNet profiler"):
+1. *search*: the largest and smallest subnets plus random ones, ``preset.search_candidates``
+   distinct subnets in all; each gets SubnetNorm statistics calibrated on training
+   images and its top-1 accuracy measured on the held-out split;
+2. *shortlist*: the first ``SHORTLIST_FRONTS`` Pareto fronts of (MACs, accuracy), so that
+   latency is only measured where it can matter;
+3. *measure*: latency per batch size 1..16 of every shortlisted subnet, through a real
+   Triton server running the exported supernet (default) or through onnxruntime alone;
+4. *keep* the latency-accuracy Pareto set and write the profile.
+
+# Ambiguity (digest 3.4): the latency a Pareto set is taken on. Chosen: the mean p50 over
+# the profiled batch sizes, a single cost that averages measurement noise and weighs
+# every batch size SlackFit may choose.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from export import data, onnx_writer, repository
+from export.subnetact import NormStats, SubNetAct, extract_subnet
+from export.train import Preset, random_subnet
+from python_backend.control import ControlError
+from python_backend.runners import SubnetTable, SupernetRunner
+from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant, pareto_front
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZES = tuple(range(1, 17))  # SuperServe profiles batch sizes up to 16
+CALIBRATION_IMAGES = 512  # training images per SubnetNorm calibration pass
+SHORTLIST_FRONTS = 3
+SUPERNET_MODEL = "digits_supernet"  # Triton model name of the default supernet
+
+
+@dataclass(frozen=True)
+class Candidate:
+    row: tuple[int, ...]
+    subnet_id: str
+    accuracy: float  # top-1 on the held-out split
+    macs: int  # multiply-accumulates for one image
+    weight_bytes: int  # float32 parameters and statistics of the static subnet
+    stats: NormStats
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Every searched subnet with its statistics; saved so exports need not search again."""
+
+    candidates: tuple[Candidate, ...]
+
+    def save(self, path: Path) -> None:
+        arrays: dict[str, np.ndarray] = {
+            "rows": np.array([c.row for c in self.candidates]),
+            "accuracy": np.array([c.accuracy for c in self.candidates]),
+            "macs": np.array([c.macs for c in self.candidates]),
+            "weight_bytes": np.array([c.weight_bytes for c in self.candidates]),
+        }
+        for j in range(len(self.candidates[0].stats.means)):
+            arrays[f"mean_{j}"] = np.stack([c.stats.means[j] for c in self.candidates])
+            arrays[f"var_{j}"] = np.stack([c.stats.variances[j] for c in self.candidates])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".tmp"), "wb") as f:
+            np.savez_compressed(f, **arrays)
+        path.with_suffix(".tmp").replace(path)
+
+    @classmethod
+    def load(cls, path: Path, act: SubNetAct) -> "Calibration":
+        raw = np.load(path)
+        n_norms = len(act.norms)
+        out = []
+        for i, row in enumerate(raw["rows"]):
+            row_t = act.layout.validate(row.tolist())
+            stats = NormStats(tuple(raw[f"mean_{j}"][i] for j in range(n_norms)),
+                              tuple(raw[f"var_{j}"][i] for j in range(n_norms)))
+            out.append(Candidate(row_t, act.layout.subnet_id(row_t), float(raw["accuracy"][i]),
+                                 int(raw["macs"][i]), int(raw["weight_bytes"][i]), stats))
+        return cls(tuple(out))
+
+    def select(self, subnet_ids: Sequence[str]) -> list[Candidate]:
+        by_id = {c.subnet_id: c for c in self.candidates}
+        missing = [s for s in subnet_ids if s not in by_id]
+        if missing:
+            raise ControlError(f"no calibrated statistics for {missing[:5]}; searched subnets are in the calibration")
+        return [by_id[s] for s in subnet_ids]
+
+
+def count_macs(net: nn.Module, image_size: int) -> int:
+    """Multiply-accumulates of convolutions and linear layers for one image."""
+    total = 0
+
+    def hook(module: nn.Module, _inp: tuple, out: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, nn.Conv2d):
+            total += out.shape[1] * out.shape[2] * out.shape[3] * module.in_channels * module.kernel_size[0] ** 2
+        else:
+            total += module.in_features * module.out_features
+
+    handles = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    with torch.no_grad():
+        net(torch.zeros(1, 1, image_size, image_size))
+    for h in handles:
+        h.remove()
+    return total
+
+
+def search(act: SubNetAct, preset: Preset) -> Calibration:
+    """Calibrate and evaluate ``preset.search_candidates`` distinct subnets."""
+    rng = random.Random(preset.seed + 1)
+    split = data.load(act.spec.image_size)
+    calib = torch.from_numpy(split["train"].images[:CALIBRATION_IMAGES])
+    heldout = torch.from_numpy(split["heldout"].images)
+    labels = torch.from_numpy(split["heldout"].labels)
+    rows = list(dict.fromkeys([act.layout.largest(), act.layout.smallest()]))
+    seen = set(rows)
+    while len(rows) < preset.search_candidates:
+        row = random_subnet(act, rng)
+        if row not in seen:
+            seen.add(row)
+            rows.append(row)
+    out = []
+    started = time.monotonic()
+    for i, row in enumerate(rows):
+        stats = act.calibrate(row, calib)
+        act.set_norm_tables([stats])
+        act.set_subnet(row, 0)
+        with torch.no_grad():
+            accuracy = float((act(heldout).argmax(1) == labels).float().mean())
+            static = extract_subnet(act)
+        weight_bytes = 4 * sum(t.numel() for t in static.state_dict().values() if t.is_floating_point())
+        out.append(Candidate(row, act.layout.subnet_id(row), accuracy, count_macs(static, act.spec.image_size),
+                             weight_bytes, stats))
+        if (i + 1) % 50 == 0 or i + 1 == len(rows):
+            log.info("searched %d/%d subnets (%.0fs)", i + 1, len(rows), time.monotonic() - started)
+    return Calibration(tuple(out))
+
+
+def shortlist(candidates: Sequence[Candidate], fronts: int = SHORTLIST_FRONTS) -> list[Candidate]:
+    """The first ``fronts`` Pareto fronts of (MACs, accuracy)."""
+    remaining = list(candidates)
+    kept: list[Candidate] = []
+    for _ in range(fronts):
+        front = [remaining[i] for i in pareto_front([(c.macs, c.accuracy) for c in remaining])]
+        kept += front
+        remaining = [c for c in remaining if c not in front]
+    return kept
+
+
+def export_supernet(act: SubNetAct, candidates: Sequence[Candidate], repo: Path, name: str = SUPERNET_MODEL,
+                    **config: int) -> Path:
+    """Write the supernet with SubnetNorm tables for ``candidates`` (in that SUBNET order)."""
+    act.set_norm_tables([c.stats for c in candidates])
+    table = SubnetTable(act.layout, tuple(c.row for c in candidates))
+    model = onnx_writer.supernet_model(act, name)
+    return repository.write_supernet(repo, name, model, table, act.spec.image_size, act.spec.num_classes, **config)
+
+
+def export_static(act: SubNetAct, candidate: Candidate, repo: Path, supernet_name: str = SUPERNET_MODEL,
+                  **config: int) -> Path:
+    """Write one subnet as its own Triton model (sliced weights, its own statistics)."""
+    act.set_norm_tables([candidate.stats])
+    act.set_subnet(candidate.row, 0)
+    name = repository.static_model_name(supernet_name, candidate.subnet_id)
+    model = onnx_writer.static_model(extract_subnet(act), name)
+    return repository.write_static(repo, name, model, act.spec.image_size, act.spec.num_classes,
+                                   candidate.subnet_id, **config)
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(samples), q))
+
+
+def time_calls(call: Callable[[], object], repeats: int, warmup: int = 2) -> list[float]:
+    """Wall time of ``repeats`` calls in milliseconds, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_size: int, *, mode: str,
+                    repeats: int, grpc_url: str | None = None, model: str = SUPERNET_MODEL,
+                    batch_sizes: Sequence[int] = BATCH_SIZES) -> list[LatencyCurve]:
+    """Latency curves of the exported supernet's subnets, via Triton (``grpc_url``) or onnxruntime."""
+    images = data.load(image_size)["heldout"].images
+    if mode == "onnxruntime":
+        runner = SupernetRunner(version_dir)
+        infer: Callable[[np.ndarray, np.ndarray], object] = runner.run
+    else:
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(grpc_url)
+        infer = lambda x, control: _triton_infer(client, model, x, control)  # noqa: E731
+    curves = []
+    started = time.monotonic()
+    for i, cand in enumerate(candidates):
+        p50, p99 = [], []
+        for b in batch_sizes:
+            x = np.ascontiguousarray(images[:b])
+            control = np.tile(np.asarray(cand.row, dtype=np.int32), (b, 1))
+            samples = time_calls(lambda: infer(x, control), repeats)
+            p50.append(percentile(samples, 50))
+            p99.append(percentile(samples, 99))
+        curves.append(LatencyCurve(tuple(batch_sizes), tuple(p50), tuple(p99)))
+        if (i + 1) % 10 == 0 or i + 1 == len(candidates):
+            log.info("measured %d/%d subnets (%s, %.0fs)", i + 1, len(candidates), mode, time.monotonic() - started)
+    return curves
+
+
+def _triton_infer(client, model: str, x: np.ndarray, control: np.ndarray) -> np.ndarray:
+    import tritonclient.grpc as grpcclient
+
+    inputs = [grpcclient.InferInput("INPUT", list(x.shape), "FP32"),
+              grpcclient.InferInput("CONTROL", list(control.shape), "INT32")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(control)
+    return client.infer(model, inputs).as_numpy("LOGITS")
+
+
+def profile_supernet(act: SubNetAct, calibration: Calibration, *, mode: str, repeats: int, name: str,
+                     source: str) -> tuple[Profile, list[Candidate]]:
+    """Measure the shortlist and return the Pareto profile with its candidates (same order)."""
+    from scheduler_sidecar.triton_launcher import TritonServer
+
+    short = shortlist(calibration.candidates)
+    log.info("measuring latency of %d shortlisted subnets (of %d searched) via %s",
+             len(short), len(calibration.candidates), mode)
+    with tempfile.TemporaryDirectory(prefix="accscale-profile-") as tmp:
+        version_dir = export_supernet(act, short, Path(tmp)) / "1"
+        if mode == "triton":
+            with TritonServer(repository=Path(tmp), models=[SUPERNET_MODEL]) as server:
+                curves = measure_latency(short, version_dir, act.spec.image_size, mode=mode, repeats=repeats,
+                                         grpc_url=server.grpc_url)
+        else:
+            curves = measure_latency(short, version_dir, act.spec.image_size, mode=mode, repeats=repeats)
+    device = "cpu" if mode == "triton" else "cpu-onnxruntime"
+    keep = sorted(pareto_front([(c.mean_p50_ms, s.accuracy) for s, c in zip(short, curves)]),
+                  key=lambda i: (short[i].accuracy, short[i].subnet_id))
+    variants = tuple(
+        Variant(short[i].subnet_id, short[i].accuracy,
+                Actuation("supernet", SUPERNET_MODEL, short[i].row), {device: curves[i]},
+                memory_bytes=short[i].weight_bytes, extras={"macs": short[i].macs})
+        for i in keep
+    )
+    metadata = {
+        "measured_with": mode, "repeats": repeats, "searched": len(calibration.candidates),
+        "shortlisted": len(short), "control_layout": act.layout.to_json(), "dataset": "sklearn digits, held-out 30%",
+        "pareto_cost": "mean p50 latency over batch sizes",
+    }
+    return Profile(name, source, variants, metadata), [short[i] for i in keep]

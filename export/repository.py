@@ -1,0 +1,91 @@
+"""Write models into a Triton model repository (config.pbtxt, the model.py shim, ONNX).
+
+Every model is a python-backend model running onnxruntime (the CPU Triton bundled with
+nvidia-pytriton has no onnxruntime backend); on a GPU server the same model picks the CUDA
+execution provider when ``onnxruntime-gpu`` is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import onnx
+
+from export.onnx_writer import save
+from python_backend.control import ControlLayout
+from python_backend.runners import MODEL_FILE, SUBNETS_FILE, SubnetTable
+
+SHIM = '''"""Thin shim: the model's logic lives in the accscale package (python_backend)."""
+from python_backend.triton_model import TritonPythonModel  # noqa: F401
+'''
+
+
+def static_model_name(supernet_name: str, subnet_id: str) -> str:
+    """Triton model name of a statically exported subnet, e.g. ``digits__d142_w3_3210_21``."""
+    return f"{supernet_name}__{re.sub(r'[^A-Za-z0-9]+', '_', subnet_id)}"
+
+
+def _config(name: str, inputs: list[tuple[str, str, list[int]]], num_classes: int, params: dict[str, str],
+            max_batch_size: int, instances: int) -> str:
+    def tensor(n: str, dtype: str, dims: list[int]) -> str:
+        return f'  {{ name: "{n}" data_type: {dtype} dims: [ {", ".join(map(str, dims))} ] }}'
+
+    input_text = ",\n".join(tensor(*i) for i in inputs)
+    parameters = "\n".join(
+        f'parameters {{ key: "{k}" value {{ string_value: {json.dumps(v)} }} }}' for k, v in params.items()
+    )
+    return f"""name: "{name}"
+backend: "python"
+max_batch_size: {max_batch_size}
+input [
+{input_text}
+]
+output [
+{tensor("LOGITS", "TYPE_FP32", [num_classes])}
+]
+# merge whatever is queued, never wait: the sidecar forms the batches it wants
+dynamic_batching {{ max_queue_delay_microseconds: 0 }}
+instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+{parameters}
+"""
+
+
+def _write_model(repository: Path, name: str, model: onnx.ModelProto, config: str, extra: dict[str, str]) -> Path:
+    model_dir = repository / name
+    tmp = repository / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "1").mkdir(parents=True)
+    save(model, tmp / "1" / MODEL_FILE)
+    (tmp / "1" / "model.py").write_text(SHIM)
+    for file_name, text in extra.items():
+        (tmp / "1" / file_name).write_text(text)
+    (tmp / "config.pbtxt").write_text(config)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    tmp.rename(model_dir)
+    return model_dir
+
+
+def write_supernet(repository: Path, name: str, model: onnx.ModelProto, table: SubnetTable, image_size: int,
+                   num_classes: int, *, max_batch_size: int = 64, instances: int = 1, threads: int = 1) -> Path:
+    layout: ControlLayout = table.layout
+    config = _config(
+        name,
+        [("INPUT", "TYPE_FP32", [1, image_size, image_size]), ("CONTROL", "TYPE_INT32", [layout.num_fields])],
+        num_classes,
+        {"runner": "supernet", "intra_op_threads": str(threads), "control_layout": layout.to_json()},
+        max_batch_size, instances,
+    )
+    return _write_model(repository, name, model, config, {SUBNETS_FILE: table.to_json()})
+
+
+def write_static(repository: Path, name: str, model: onnx.ModelProto, image_size: int, num_classes: int,
+                 subnet_id: str, *, max_batch_size: int = 64, instances: int = 1, threads: int = 1) -> Path:
+    config = _config(
+        name, [("INPUT", "TYPE_FP32", [1, image_size, image_size])], num_classes,
+        {"runner": "static", "intra_op_threads": str(threads), "subnet": subnet_id},
+        max_batch_size, instances,
+    )
+    return _write_model(repository, name, model, config, {})

@@ -1,0 +1,124 @@
+"""Execution of exported models with onnxruntime, independent of Triton.
+
+:class:`SupernetRunner` is the SubNetAct runtime: it validates the CONTROL rows of a
+batch, groups the rows by subnet and runs each group once through the single supernet
+session (switching subnets loads nothing). :class:`StaticRunner` runs one exported
+variant. Both take and return numpy arrays; the Triton adapter lives in
+:mod:`python_backend.triton_model`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+
+from python_backend.control import ControlError, ControlLayout
+
+SUBNETS_FILE = "subnets.json"  # beside the supernet's model.onnx: the calibrated subnets in SUBNET order
+MODEL_FILE = "model.onnx"
+
+
+def make_session(path: Path, threads: int):
+    """An onnxruntime session with every graph optimisation on and ``threads`` intra-op threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
+    return ort.InferenceSession(str(path), options, providers=providers)
+
+
+@dataclass(frozen=True)
+class SubnetTable:
+    """The subnets a supernet export has SubnetNorm statistics for."""
+
+    layout: ControlLayout
+    rows: tuple[tuple[int, ...], ...]  # SUBNET index -> canonical control row
+
+    def index(self) -> dict[tuple[int, ...], int]:
+        return {row: i for i, row in enumerate(self.rows)}
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "layout": json.loads(self.layout.to_json()),
+            "subnets": [{"id": self.layout.subnet_id(r), "control": list(r)} for r in self.rows],
+        }, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SubnetTable":
+        raw = json.loads(text)
+        layout = ControlLayout.from_json(json.dumps(raw["layout"]))
+        return cls(layout, tuple(layout.validate(s["control"]) for s in raw["subnets"]))
+
+
+class SupernetRunner:
+    """Runs batches whose rows may name different subnets, one session call per subnet."""
+
+    def __init__(self, version_dir: Path, threads: int = 1) -> None:
+        self.table = SubnetTable.from_json((version_dir / SUBNETS_FILE).read_text())
+        self.layout = self.table.layout
+        self._index = self.table.index()
+        self.session = make_session(version_dir / MODEL_FILE, threads)
+
+    def subnet_indices(self, control: np.ndarray) -> np.ndarray:
+        """SUBNET index of every row; ControlError names the first bad row and field."""
+        if control.ndim != 2:
+            raise ControlError(f"CONTROL must be [batch, {self.layout.num_fields}], got shape {list(control.shape)}")
+        # rows repeat heavily within a batch: validate each distinct row once
+        distinct, inverse = np.unique(control, axis=0, return_inverse=True)
+        indices = np.empty(len(distinct), dtype=np.int64)
+        for j, row in enumerate(distinct):
+            first = int(np.flatnonzero(inverse.reshape(-1) == j)[0])
+            try:
+                canon = self.layout.validate(row.tolist())
+            except ControlError as exc:
+                raise ControlError(f"CONTROL row {first}: {exc}") from None
+            if canon not in self._index:
+                raise ControlError(
+                    f"CONTROL row {first}: subnet {self.layout.subnet_id(canon)} has no SubnetNorm "
+                    f"statistics in this export ({len(self._index)} calibrated subnets are listed in {SUBNETS_FILE})"
+                )
+            indices[j] = self._index[canon]
+        return indices[inverse.reshape(-1)]
+
+    def run(self, images: np.ndarray, control: np.ndarray) -> np.ndarray:
+        """Logits for ``images`` [N, ...] where row i runs the subnet named by ``control[i]``."""
+        subnet_of_row = self.subnet_indices(control)
+        if len(subnet_of_row) != len(images) or len(images) == 0:
+            raise ControlError(f"CONTROL has {len(subnet_of_row)} rows for a batch of {len(images)} inputs")
+        out: np.ndarray | None = None
+        for subnet in np.unique(subnet_of_row):
+            rows = np.flatnonzero(subnet_of_row == subnet)
+            group = images if len(rows) == len(images) else images[rows]
+            logits = self.session.run(["LOGITS"], {"INPUT": group, **self._feeds(int(subnet))})[0]
+            if len(rows) == len(images):
+                return logits
+            if out is None:
+                out = np.empty((len(images),) + logits.shape[1:], dtype=logits.dtype)
+            out[rows] = logits
+        assert out is not None
+        return out
+
+    def _feeds(self, subnet: int) -> dict[str, np.ndarray]:
+        row = self.table.rows[subnet]
+        m = self.layout.num_stages
+        return {
+            "DEPTH": np.asarray(row[:m], dtype=np.int64),
+            "WIDTH": np.asarray(row[m:], dtype=np.int64),
+            "SUBNET": np.asarray(subnet, dtype=np.int64),
+        }
+
+
+class StaticRunner:
+    """Runs one statically exported variant."""
+
+    def __init__(self, version_dir: Path, threads: int = 1) -> None:
+        self.session = make_session(version_dir / MODEL_FILE, threads)
+
+    def run(self, images: np.ndarray, control: np.ndarray | None = None) -> np.ndarray:
+        return self.session.run(["LOGITS"], {"INPUT": images})[0]
+

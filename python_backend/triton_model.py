@@ -1,0 +1,63 @@
+"""The Triton python-backend model shared by every exported model in the repository.
+
+``model_repository/<model>/1/model.py`` only re-exports :class:`TritonPythonModel`. The
+model's ``config.pbtxt`` parameter ``runner`` says what to run: ``supernet`` (INPUT plus
+CONTROL, see :class:`~python_backend.runners.SupernetRunner`) or ``static`` (INPUT only).
+Every request gets its own response: a request whose CONTROL names no calibrated subnet
+gets INVALID_ARGUMENT and the other requests of the same dynamic batch are still served.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from python_backend.control import ControlError
+from python_backend.runners import StaticRunner, SupernetRunner
+
+RUNNERS = {"supernet": SupernetRunner, "static": StaticRunner}
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        kind = params.get("runner", "")
+        if kind not in RUNNERS:
+            raise pb_utils.TritonModelException(f"parameter 'runner' must be one of {sorted(RUNNERS)}, got {kind!r}")
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        self.runner = RUNNERS[kind](version_dir, threads=int(params.get("intra_op_threads", "1")))
+        self.has_control = kind == "supernet"
+
+    def execute(self, requests: list) -> list:
+        images, controls, sizes, errors = [], [], [], {}
+        for i, request in enumerate(requests):
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            if self.has_control:
+                control = pb_utils.get_input_tensor_by_name(request, "CONTROL").as_numpy()
+                try:
+                    self.runner.subnet_indices(control)
+                except ControlError as exc:
+                    errors[i] = str(exc)
+                    continue
+                controls.append(control)
+            images.append(x)
+            sizes.append(len(x))
+        outputs = iter(self._run(images, controls, sizes))
+        return [
+            pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[i], pb_utils.TritonError.INVALID_ARG))
+            if i in errors
+            else pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", next(outputs))])
+            for i in range(len(requests))
+        ]
+
+    def _run(self, images: list, controls: list, sizes: list) -> list:
+        if not images:
+            return []
+        batch = np.concatenate(images) if len(images) > 1 else images[0]
+        control = (np.concatenate(controls) if len(controls) > 1 else controls[0]) if controls else None
+        logits = self.runner.run(batch, control)
+        return np.split(logits, np.cumsum(sizes)[:-1])

@@ -1,0 +1,66 @@
+"""The `accscale` command: one entry point, one subcommand per job.
+
+Each subcommand lives next to the code it drives and registers itself through a
+``register(subparsers)`` function; heavy imports (torch, onnxruntime) happen inside
+the handlers so that ``accscale --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from python_backend.control import ControlError
+from scheduler_sidecar.profile import ProfileError
+from scheduler_sidecar.triton_launcher import TritonLaunchError
+
+# errors that mean "bad input": one line for the user, no traceback
+USER_ERRORS = (ControlError, ProfileError, TritonLaunchError)
+
+# modules that contribute subcommands, in the order `--help` lists them
+COMMAND_MODULES = (
+    "scheduler_sidecar.triton_launcher",
+    "export.commands",
+    "loadtest.demo",
+)
+# modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
+BENCH_MODULES = ("export.bench",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accscale",
+        description="Accuracy-scaling inference serving in front of NVIDIA Triton.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    bench = subparsers.add_parser("bench", help="benchmarks that report ratios measured side by side in one run")
+    kinds = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name in BENCH_MODULES:
+        importlib.import_module(name).register_bench(kinds)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as exc:
+        print(f"accscale {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

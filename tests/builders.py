@@ -1,0 +1,55 @@
+"""Builders shared by the tests: tiny supernets, calibrated subnets, profiles."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from export.presets import SupernetSpec
+from export.subnetact import SubNetAct, build
+from export.train import random_subnet
+from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant
+
+TINY = SupernetSpec(image_size=8, stage_channels=(8, 16), max_depths=(2, 3), width_choices=(0.25, 0.5, 1.0))
+
+
+def make_act(spec: SupernetSpec = TINY, seed: int = 0) -> SubNetAct:
+    """An untrained SubNetAct supernet with randomised BatchNorm affine parameters."""
+    torch.manual_seed(seed)
+    act = build(spec)
+    with torch.no_grad():
+        for norm in act.norms:
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.2, 0.2)
+    return act.eval()
+
+
+def make_images(n: int, spec: SupernetSpec = TINY, seed: int = 0) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(seed).normal(size=(n, 1, spec.image_size, spec.image_size)).astype(
+        np.float32))
+
+
+def calibrate_random(act: SubNetAct, n: int, seed: int = 0) -> list[tuple[int, ...]]:
+    """Calibrate ``n`` distinct subnets (largest and smallest first) and install their tables."""
+    rng = random.Random(seed)
+    rows = list(dict.fromkeys([act.layout.largest(), act.layout.smallest()]))
+    while len(rows) < n:
+        row = random_subnet(act, rng)
+        if row not in rows:
+            rows.append(row)
+    images = make_images(64, act.spec, seed + 1)
+    act.set_norm_tables([act.calibrate(r, images) for r in rows])
+    return rows
+
+
+def make_profile(n_variants: int = 4, batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)) -> Profile:
+    """A Pareto profile: accuracy and latency both rise with the variant index."""
+    variants = tuple(
+        Variant(f"v{i}", round(0.70 + 0.02 * i, 4), Actuation("model", f"m{i}"),
+                {"cpu": LatencyCurve(batch_sizes, tuple((1 + i) * (1 + 0.5 * b) for b in batch_sizes),
+                                     tuple((1 + i) * (2 + 0.5 * b) for b in batch_sizes))})
+        for i in range(n_variants)
+    )
+    return Profile("test", "tests/builders.py", variants)

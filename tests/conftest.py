@@ -1,0 +1,55 @@
+"""Session fixtures: the fast-preset supernet build, its Triton repository and a real server."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from export.presets import DEFAULT_BUILD_DIR, get_preset
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NUM_STATIC = 3  # static subnet models exported for the tests
+
+
+@dataclass(frozen=True)
+class FastBuild:
+    """The fast preset, trained, searched and profiled once per session (cached in build/fast)."""
+
+    act: object  # export.subnetact.SubNetAct
+    calibration: object  # export.profiler.Calibration
+    profile: object  # scheduler_sidecar.profile.Profile
+    profile_path: Path
+    repository: Path  # supernet with every searched subnet calibrated, plus NUM_STATIC static models
+    static_ids: tuple[str, ...]
+
+
+@pytest.fixture(scope="session")
+def fast_build(tmp_path_factory: pytest.TempPathFactory) -> FastBuild:
+    from export.artifacts import Artifacts
+    from export.profiler import export_static, export_supernet, profile_supernet
+
+    artifacts = Artifacts(get_preset("fast"), REPO_ROOT / DEFAULT_BUILD_DIR)
+    act = artifacts.supernet()
+    calibration = artifacts.calibration(act)
+    profile, _ = profile_supernet(act, calibration, mode="onnxruntime", repeats=3, name="digits-fast",
+                                  source="tests/conftest.py")
+    profile_path = tmp_path_factory.mktemp("profile") / "profile.json"
+    profile.save(profile_path)
+    repository = tmp_path_factory.mktemp("model_repository")
+    export_supernet(act, calibration.candidates, repository)
+    static = random.Random(7).sample(list(calibration.candidates), NUM_STATIC)
+    for candidate in static:
+        export_static(act, candidate, repository)
+    return FastBuild(act, calibration, profile, profile_path, repository, tuple(c.subnet_id for c in static))
+
+
+@pytest.fixture(scope="session")
+def triton(fast_build: FastBuild):
+    """A real tritonserver on free loopback ports serving the fast build's repository."""
+    from scheduler_sidecar.triton_launcher import TritonServer
+
+    with TritonServer(repository=fast_build.repository) as server:
+        yield server

@@ -1,0 +1,58 @@
+"""The `accscale` command line: help for every command, and export into a fresh repository."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from export.presets import DEFAULT_BUILD_DIR
+from scheduler_sidecar.cli import build_parser, main
+from tests.conftest import REPO_ROOT
+
+COMMANDS = [["triton"], ["profile"], ["export"], ["demo"], ["bench", "subnetact"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_explains_its_options(command, capsys):
+    """`--help` works for every subcommand and documents each option."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([*command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: accscale" in text
+    options = [tok for tok in text.split() if tok.startswith("--") and tok != "--help"]
+    assert options, "no options documented"
+
+
+def test_console_script_starts_fast_without_heavy_imports():
+    """`accscale --help` does not import torch or onnxruntime."""
+    code = "import sys; from scheduler_sidecar.cli import build_parser; build_parser(); " \
+           "print(sorted(m for m in ('torch', 'onnxruntime') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_export_writes_supernet_and_static_models(fast_build, tmp_path, capsys):
+    """`accscale export` writes the supernet (calibrated for the profile) and requested static subnets."""
+    static_id = fast_build.profile.variants[0].id
+    code = main(["export", "--preset", "fast", "--build-dir", str(REPO_ROOT / DEFAULT_BUILD_DIR),
+                 "--profile", str(fast_build.profile_path), "--repository", str(tmp_path),
+                 "--static", static_id, "--static-spread", "2"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert f"({len(fast_build.profile.variants)} calibrated subnets)" in out
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "digits_supernet" in names and len(names) >= 3
+    for name in names:
+        assert (tmp_path / name / "config.pbtxt").exists() and (tmp_path / name / "1" / "model.onnx").exists()
+
+
+def test_export_rejects_an_unknown_subnet_clearly(fast_build, tmp_path, capsys):
+    """A subnet id that was never calibrated is a one-line error, not a traceback."""
+    code = main(["export", "--preset", "fast", "--build-dir", str(REPO_ROOT / DEFAULT_BUILD_DIR), "--subnets", "all",
+                 "--repository", str(tmp_path), "--static", "d999-w0.0.0"])
+    assert code == 2
+    assert "no calibrated statistics for ['d999-w0.0.0']" in capsys.readouterr().err

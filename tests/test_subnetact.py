@@ -1,0 +1,128 @@
+"""SubNetAct in torch and in ONNX, without Triton."""
+
+import random
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from export import onnx_writer
+from export.subnetact import BoolModule, SubnetNorm, WeightSlice, extract_subnet, insert_subnetact
+from export.supernet import ResNetSupernet
+from python_backend.control import ControlError
+from python_backend.runners import SubnetTable, SupernetRunner
+from tests.builders import TINY, calibrate_random, make_act, make_images
+
+
+def test_insertion_rewrites_every_operator_and_keeps_the_weights():
+    """Algorithm 1: blocks become BoolModules, convs WeightSlice, BNs SubnetNorm; parameters are reused."""
+    plain = ResNetSupernet(TINY)
+    params_before = {id(p) for p in plain.parameters()}
+    act = insert_subnetact(plain)
+    kinds = [type(m) for m in act.modules()]
+    assert nn.Conv2d not in kinds and nn.BatchNorm2d not in kinds
+    assert kinds.count(BoolModule) == sum(TINY.max_depths)
+    assert [len(s.switches) for s in act.selects] == list(TINY.max_depths)
+    assert {id(p) for p in act.parameters()} == params_before
+    elastic = [m for m in act.modules() if isinstance(m, WeightSlice) and m.width is not None]
+    assert len(elastic) == sum(TINY.max_depths)  # one middle-producing conv per block
+
+
+def test_layer_select_and_weight_slice_follow_the_control_row():
+    """D runs the first D_m blocks of a stage; W narrows each active block's middle channels."""
+    act = make_act()
+    act.set_subnet([1, 2, 0, 0, 1, 2, 0])
+    assert [s.enabled for s in act.selects[0].switches] == [True, False]
+    assert [s.enabled for s in act.selects[1].switches] == [True, True, False]
+    assert [w.channels for w in act.widths] == [2, 2, 8, 16, 4]  # ceil(W * C); skipped blocks read W=0
+
+
+def test_static_extraction_matches_the_supernet():
+    """An extracted static subnet computes exactly what the actuated supernet computes."""
+    act = make_act()
+    rows = calibrate_random(act, 8)
+    x = make_images(5)
+    for i, row in enumerate(rows):
+        act.set_subnet(row, i)
+        with torch.no_grad():
+            torch.testing.assert_close(extract_subnet(act)(x), act(x), rtol=1e-5, atol=1e-5)
+
+
+def test_subnet_norm_uses_per_subnet_statistics():
+    """Two subnets sharing every weight still normalise with their own statistics."""
+    act = make_act()
+    rows = calibrate_random(act, 3)
+    norm = act.norms[-1]  # the stem's statistics are the same for every subnet; the last differ
+    assert not torch.equal(norm.mean_table[0], norm.mean_table[1])
+    act.set_subnet(rows[0], None)
+    with pytest.raises(RuntimeError, match="no calibrated statistics"):
+        act(make_images(1))
+
+
+def test_supernet_onnx_has_control_flow_and_matches_torch(tmp_path):
+    """The exported graph carries If/Slice/Gather and equals torch for every calibrated subnet."""
+    act = make_act()
+    rows = calibrate_random(act, 10)
+    model = onnx_writer.supernet_model(act)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"If", "Gather"} <= ops
+    assert "Slice" in {n.op_type for g in _subgraphs(model.graph) for n in g.node}
+    onnx_writer.save(model, tmp_path / "model.onnx")
+    (tmp_path / "subnets.json").write_text(SubnetTable(act.layout, tuple(rows)).to_json())
+    runner = SupernetRunner(tmp_path)
+    x = make_images(4)
+    for i, row in enumerate(rows):
+        act.set_subnet(row, i)
+        with torch.no_grad():
+            expected = act(x).numpy()
+        got = runner.run(x.numpy(), np.tile(np.array(row, dtype=np.int32), (4, 1)))
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_runner_groups_mixed_rows(tmp_path):
+    """A batch whose rows name different subnets equals one run per row."""
+    act = make_act()
+    rows = calibrate_random(act, 5)
+    onnx_writer.save(onnx_writer.supernet_model(act), tmp_path / "model.onnx")
+    (tmp_path / "subnets.json").write_text(SubnetTable(act.layout, tuple(rows)).to_json())
+    runner = SupernetRunner(tmp_path)
+    x = make_images(9).numpy()
+    control = np.array([rows[random.Random(i).randrange(5)] for i in range(9)], dtype=np.int32)
+    mixed = runner.run(x, control)
+    for i in range(9):
+        np.testing.assert_allclose(mixed[i : i + 1], runner.run(x[i : i + 1], control[i : i + 1]), rtol=1e-5, atol=1e-6)
+    uncalibrated = next(r for r in _all_rows(act) if r not in rows)
+    with pytest.raises(ControlError, match="CONTROL row 1: subnet .* has no SubnetNorm statistics"):
+        runner.run(x[:2], np.array([rows[0], uncalibrated], dtype=np.int32))
+
+
+def test_static_onnx_matches_torch(tmp_path):
+    """A statically exported subnet runs in onnxruntime with the torch subnet's outputs."""
+    from python_backend.runners import StaticRunner
+
+    act = make_act()
+    rows = calibrate_random(act, 2)
+    act.set_subnet(rows[1], 1)
+    static = extract_subnet(act)
+    onnx_writer.save(onnx_writer.static_model(static), tmp_path / "model.onnx")
+    x = make_images(3)
+    with torch.no_grad():
+        np.testing.assert_allclose(StaticRunner(tmp_path).run(x.numpy()), static(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _subgraphs(graph: onnx.GraphProto):
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield attr.g
+                yield from _subgraphs(attr.g)
+
+
+def _all_rows(act):
+    rng = random.Random(3)
+    from export.train import random_subnet
+
+    while True:
+        yield random_subnet(act, rng)
