@@ -137,22 +137,21 @@ class _DynamicEmitter(_Emitter):
         return g.op("BatchNormalization", [x] + params, epsilon=module.eps)
 
     def elastic_block(self, g: _Graph, x: str, switch: BoolModule, choice: str, widths: tuple[float, ...]) -> str:
-        """WeightSlice: one branch per width choice, selected by a chain of ``If`` on ``choice``."""
-        def leaf(i: int) -> tuple[_Graph, str]:
-            branch = _Graph(g)
-            width = g.const(np.array([channels(widths[i], switch.width.max_channels)]), "width")
-            return branch, self.block(branch, x, switch.block, width)
+        """WeightSlice: one branch per width choice, reached through a balanced tree of ``If``
+        on ``choice`` (two levels for four choices), whose leaves slice with constant bounds."""
 
-        graph, out = leaf(len(widths) - 1)
-        for i in reversed(range(len(widths) - 1)):
-            then_graph, then_out = leaf(i)
-            parent = _Graph(g)
-            cond = parent.op("Equal", [choice, g.const(np.array(i), "choice")])
-            merged = parent.op("If", [cond], then_branch=then_graph.branch_graph("width_then", then_out),
-                               else_branch=graph.branch_graph("width_else", out))
-            graph, out = parent, merged
-        g.nodes.extend(graph.nodes)
-        return out
+        def subtree(parent: _Graph, lo: int, hi: int) -> str:
+            if hi - lo == 1:
+                width = g.const(np.array([channels(widths[lo], switch.width.max_channels)]), "width")
+                return self.block(parent, x, switch.block, width)
+            mid = (lo + hi) // 2
+            low, high = _Graph(g), _Graph(g)
+            low_out, high_out = subtree(low, lo, mid), subtree(high, mid, hi)
+            return parent.op("If", [parent.op("Less", [choice, g.const(np.array(mid), "choice")])],
+                             then_branch=low.branch_graph("width_low", low_out),
+                             else_branch=high.branch_graph("width_high", high_out))
+
+        return subtree(g, 0, len(widths))
 
 
 def _model(g: _Graph, inputs: list[onnx.ValueInfoProto], num_classes: int, name: str) -> onnx.ModelProto:

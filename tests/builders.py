@@ -53,3 +53,26 @@ def make_profile(n_variants: int = 4, batch_sizes: tuple[int, ...] = (1, 2, 4, 8
         for i in range(n_variants)
     )
     return Profile("test", "tests/builders.py", variants)
+
+
+def make_queries(n: int = 8, slo_us: int = 36_000, gap_us: int = 0, start_us: int = 0) -> list:
+    """``n`` queries arriving every ``gap_us`` from ``start_us``, each with deadline arrival + slo."""
+    from scheduler_sidecar.core import Query
+
+    return [Query(start_us + i * gap_us + slo_us, i, i, start_us + i * gap_us) for i in range(n)]
+
+
+def make_queue(queries) -> object:
+    from scheduler_sidecar.core import EdfQueue
+
+    queue = EdfQueue()
+    for q in queries:
+        queue.push(q)
+    return queue
+
+
+def make_workers(n: int = 1, busy: int = 0) -> list:
+    """``n`` workers, the first ``busy`` of them running a batch."""
+    from scheduler_sidecar.core import WorkerState
+
+    return [WorkerState(i, busy_until_us=10**9 if i < busy else None) for i in range(n)]

@@ -1,0 +1,20 @@
+"""Scheduling policies by name: the CLI, config files and the admin switch share this registry."""
+
+from __future__ import annotations
+
+from scheduler_sidecar.policies.base import LateQueries, Policy
+from scheduler_sidecar.policies.fixed import ClipperPlus, Infaas
+from scheduler_sidecar.policies.greedy import MaxAcc, MaxBatch
+from scheduler_sidecar.policies.slackfit import SlackFit
+from scheduler_sidecar.profile import Profile
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (SlackFit, MaxAcc, MaxBatch, ClipperPlus, Infaas)}
+
+
+def make_policy(name: str, profile: Profile, **options: object) -> Policy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
+    return POLICIES[name](profile, **options)
+
+
+__all__ = ["POLICIES", "LateQueries", "Policy", "make_policy"]

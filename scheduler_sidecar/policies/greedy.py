@@ -1,0 +1,77 @@
+"""MaxAcc and MaxBatch (SuperServe A.5): greedy choices by binary search over the profile.
+
+Both read the slack of the earliest-deadline query, like SlackFit, but order the two
+decisions differently: MaxAcc first takes the most accurate subnet that fits at batch 1,
+then the largest batch it can run; MaxBatch first takes the largest batch the least
+accurate subnet can run, then the most accurate subnet at that batch. The binary searches
+rely on the profile properties P1 (latency rises with batch size) and P2 (with accuracy);
+a measured profile may break them slightly, so each choice is checked against the slack
+and stepped down until it fits.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Sequence
+
+from scheduler_sidecar.core import EMPTY, Decision, Dispatch, EdfQueue, WorkerState
+from scheduler_sidecar.policies.base import Policy, free_worker
+from scheduler_sidecar.profile import Profile
+
+
+class _Greedy(Policy):
+    def __init__(self, profile: Profile, **options) -> None:
+        super().__init__(profile, **options)
+        self.sizes = profile.variants[0].latency[self.device].batch_sizes
+        # [variant index in ascending accuracy][batch index] -> latency_us
+        self.table = [[self.latency_us(v, b) for b in self.sizes] for v in profile.variants]
+        self.fastest_us = min(row[0] for row in self.table)
+
+    def largest_batch(self, s: int, slack_us: int) -> int:
+        """Index of the largest batch of variant ``s`` within the slack (-1: none)."""
+        row = self.table[s]
+        i = bisect.bisect_right(row, slack_us) - 1
+        while i >= 0 and row[i] > slack_us:
+            i -= 1
+        return i
+
+    def most_accurate(self, b: int, slack_us: int) -> int:
+        """Index of the most accurate variant whose latency at batch index ``b`` fits (-1: none)."""
+        s = bisect.bisect_right(self.table, slack_us, key=lambda row: row[b]) - 1
+        while s >= 0 and self.table[s][b] > slack_us:
+            s -= 1
+        return s
+
+    def choose(self, slack_us: int) -> tuple[int, int] | None:
+        raise NotImplementedError
+
+    def decide(self, now_us: int, queue: EdfQueue, workers: Sequence[WorkerState]) -> Decision:
+        worker = free_worker(workers)
+        if worker is None or not queue:
+            return EMPTY
+        dropped = self.drop_or_serve(now_us, queue, self.fastest_us)
+        if dropped:
+            return dropped
+        s, b = self.choose(self.slack_us(now_us, queue.peek())) or (0, 0)
+        ids = tuple(q.id for q in queue.head(self.sizes[b]))
+        return Decision((Dispatch(worker.id, self.profile.variants[s].id, ids),))
+
+
+class MaxAcc(_Greedy):
+    """Accuracy first, then batch size."""
+
+    name = "maxacc"
+
+    def choose(self, slack_us: int) -> tuple[int, int] | None:
+        s = self.most_accurate(0, slack_us)
+        return (s, self.largest_batch(s, slack_us)) if s >= 0 else None
+
+
+class MaxBatch(_Greedy):
+    """Batch size first (with the least accurate subnet), then accuracy."""
+
+    name = "maxbatch"
+
+    def choose(self, slack_us: int) -> tuple[int, int] | None:
+        b = self.largest_batch(0, slack_us)
+        return (self.most_accurate(b, slack_us), b) if b >= 0 else None

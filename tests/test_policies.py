@@ -1,0 +1,121 @@
+"""Policies called directly: no event loop, no server."""
+
+import random
+
+import pytest
+
+from scheduler_sidecar.core import EdfQueue, PolicyError, Query
+from scheduler_sidecar.policies import POLICIES, make_policy
+from scheduler_sidecar.policies.fixed import ClipperPlus, Infaas
+from scheduler_sidecar.policies.greedy import MaxAcc, MaxBatch
+from scheduler_sidecar.policies.slackfit import SlackFit
+from tests.builders import make_profile, make_queries, make_queue, make_workers
+
+PROFILE = make_profile(n_variants=6, batch_sizes=tuple(range(1, 17)))
+
+
+def test_buckets_are_monotone_and_take_the_largest_batch_in_their_band():
+    """Bucket latencies rise; each bucket holds the largest batch among pairs in its band."""
+    policy = SlackFit(PROFILE, num_buckets=12)
+    lat = [b.latency_us for b in policy.buckets]
+    assert lat == sorted(lat) and len(lat) > 3
+    lo = policy.latency_us(PROFILE.variants[0], 1)
+    hi = policy.latency_us(PROFILE.variants[-1], 16)
+    width = (hi - lo) / 12
+    for bucket in policy.buckets:
+        band = min(int((bucket.latency_us - lo) / width), 11) if bucket.latency_us > lo else 0
+        in_band = [(b, v.accuracy) for v in PROFILE.variants for b in range(1, 17)
+                   if (min(int((policy.latency_us(v, b) - lo) / width), 11) if policy.latency_us(v, b) > lo else 0)
+                   == band and policy.latency_us(v, b) <= hi]
+        assert (bucket.batch_size, bucket.accuracy) == max(in_band)
+
+
+def test_online_choice_never_exceeds_the_slack():
+    """For any slack the chosen bucket's latency fits it (or no bucket is chosen)."""
+    policy = SlackFit(PROFILE)
+    for slack in range(0, 200_000, 777):
+        bucket = policy.choose(slack)
+        assert bucket is None or bucket.latency_us <= slack
+        if bucket is not None:  # and it is the closest one below
+            assert all(b.latency_us <= bucket.latency_us or b.latency_us > slack for b in policy.buckets)
+
+
+def test_light_load_serves_the_most_accurate_subnet():
+    """With one query and ample slack, SlackFit serves the most accurate subnet."""
+    d = SlackFit(PROFILE).decide(0, make_queue(make_queries(n=1, slo_us=1_000_000)), make_workers(1))
+    assert d.dispatches[0].variant_id == PROFILE.variants[-1].id
+
+
+def test_under_a_burst_batches_grow_and_accuracy_falls():
+    """A long queue with shrinking slack moves SlackFit to larger batches of less accurate subnets."""
+    policy = SlackFit(PROFILE)
+    light = policy.decide(0, make_queue(make_queries(n=2, slo_us=60_000)), make_workers(1)).dispatches[0]
+    burst = make_queries(n=64, slo_us=60_000)
+    choices = [policy.decide(waited_us, make_queue(burst), make_workers(1)).dispatches[0]
+               for waited_us in (20_000, 40_000, 50_000)]
+    accuracies = [PROFILE.variant(d.variant_id).accuracy for d in [light, *choices]]
+    assert all(len(d.query_ids) > len(light.query_ids) for d in choices)
+    assert accuracies == sorted(accuracies, reverse=True) and accuracies[-1] < accuracies[0]
+
+
+def test_expired_queries_are_dropped_by_default_and_served_on_request():
+    """late_queries=drop drops heads no option can serve in time; serve runs them with the fastest option."""
+    queries = make_queries(n=3, slo_us=500)  # slack 500 us is below every profiled latency
+    for name in POLICIES:
+        d = make_policy(name, PROFILE).decide(0, make_queue(queries), make_workers(1))
+        assert d.dropped == (0, 1, 2) and not d.dispatches, name
+        d = make_policy(name, PROFILE, late_queries="serve").decide(0, make_queue(queries), make_workers(1))
+        assert not d.dropped and d.dispatches, name
+
+
+def test_no_free_worker_means_no_decision():
+    for name in POLICIES:
+        assert make_policy(name, PROFILE).decide(0, make_queue(make_queries(4)), make_workers(2, busy=2)).is_empty
+
+
+@pytest.mark.parametrize("cls", [MaxAcc, MaxBatch])
+def test_greedy_choices_fit_and_follow_their_priority(cls):
+    """MaxAcc maximises accuracy then batch; MaxBatch batch then accuracy; both within the slack."""
+    policy = cls(PROFILE)
+    for slack in range(1_500, 120_000, 1_313):
+        s, b = policy.choose(slack)
+        assert policy.table[s][b] <= slack
+        feasible = [(si, bi) for si in range(6) for bi in range(16) if policy.table[si][bi] <= slack]
+        if cls is MaxAcc:
+            assert (s, b) == max(feasible)
+        else:
+            assert b == max(bi for _, bi in feasible if _ == 0) and s == max(si for si, bi in feasible if bi == b)
+
+
+def test_fixed_baselines_serve_one_variant():
+    assert ClipperPlus(PROFILE, variant_id="v2").variant.id == "v2"
+    assert Infaas(PROFILE).variant.id == PROFILE.variants[0].id
+    d = ClipperPlus(PROFILE).decide(0, make_queue(make_queries(n=20, slo_us=30_000)), make_workers(1))
+    dispatch = d.dispatches[0]
+    assert dispatch.variant_id == PROFILE.variants[-1].id
+    assert ClipperPlus(PROFILE).latency_us(PROFILE.variants[-1], len(dispatch.query_ids)) <= 30_000
+
+
+def test_unknown_policy_and_device_are_reported():
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        make_policy("nope", PROFILE)
+    with pytest.raises(ValueError, match="no latency for device 'gpu'"):
+        make_policy("slackfit", PROFILE, device="gpu")
+
+
+def test_edf_queue_orders_by_deadline_then_arrival():
+    """The queue returns earliest deadlines first; equal deadlines keep arrival order."""
+    rng = random.Random(4)
+    queries = [Query(rng.choice([10, 20, 30]), i, i, 0) for i in range(50)]
+    queue = make_queue(queries)
+    queue.head(5)  # pull a front, then push before it
+    queue.push(Query(5, 50, 50, 0))
+    queue.discard(7)
+    order = [q.id for q in queue.scan()]
+    expected = [q.id for q in sorted(queries + [Query(5, 50, 50, 0)]) if q.id != 7]
+    assert order == expected
+    assert [q.id for q in queue.remove(order[:3])] == order[:3]
+    assert len(queue) == 47
+    with pytest.raises(PolicyError):
+        queue.remove([999])
+    assert isinstance(EdfQueue(), EdfQueue)
