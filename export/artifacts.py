@@ -8,13 +8,15 @@ is rebuilt only when missing; delete the folder (or ``make clean``) to start ove
 from __future__ import annotations
 
 import logging
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
 from export import train
 from export.presets import DEFAULT_BUILD_DIR, Preset
-from export.profiler import Calibration, search
+from export.profiler import Calibration, Candidate, profile_supernet, search
 from export.subnetact import SubNetAct
+from scheduler_sidecar.profile import Profile
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +55,16 @@ class Artifacts:
             log.info("searching %d subnets (cached in %s)", self.preset.search_candidates, self.calibration_path)
             search(act, self.preset).save(self.calibration_path)
         return Calibration.load(self.calibration_path, act)
+
+    def profiled(self, act: SubNetAct, calibration: Calibration, *, mode: str = "triton", repeats: int = 20,
+                 rebuild: bool = False, out: Path | None = None) -> tuple[Profile, list[Candidate]]:
+        """The Pareto profile and its candidates, measuring first if not cached (or ``rebuild``)."""
+        path = out or self.profile_path
+        if path.exists() and not rebuild:
+            profile = Profile.load(path)
+            return profile, calibration.select([v.id for v in profile.variants])
+        source = f"accscale profile --preset {self.preset.name} --mode {mode} on {platform.node()} ({platform.machine()})"
+        profile, kept = profile_supernet(act, calibration, mode=mode, repeats=repeats,
+                                         name=f"digits-supernet-{self.preset.name}", source=source)
+        profile.save(path)
+        return profile, kept

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 from pathlib import Path
 
 from export.presets import DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, PRESETS, get_preset
@@ -12,13 +11,18 @@ from export.presets import DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, PRESETS, get_p
 log = logging.getLogger(__name__)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def add_build_options(parser: argparse.ArgumentParser) -> None:
+    """--preset, --build-dir and --repository, shared by every command that uses the built supernet."""
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
                         help="'full' is the demo's supernet; 'fast' trains in about a minute for tests (default: full)")
     parser.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR,
                         help="cache of trained weights, calibration and profile (default: build/)")
     parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
                         help="Triton model repository to write models into (default: model_repository/)")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_build_options(parser)
     parser.add_argument("--instances", type=int, default=1, help="Triton model instances (worker slots) per model")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads per model instance")
 
@@ -54,16 +58,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_profile(args: argparse.Namespace) -> int:
     from export.artifacts import Artifacts
-    from export.profiler import export_supernet, profile_supernet
+    from export.profiler import export_supernet
 
     artifacts = Artifacts(get_preset(args.preset), args.build_dir)
     act = artifacts.supernet()
     calibration = artifacts.calibration(act)
-    source = f"accscale profile --preset {args.preset} --mode {args.mode} on {platform.node()} ({platform.machine()})"
-    profile, kept = profile_supernet(act, calibration, mode=args.mode, repeats=args.repeats,
-                                     name=f"digits-supernet-{args.preset}", source=source)
+    profile, kept = artifacts.profiled(act, calibration, mode=args.mode, repeats=args.repeats, rebuild=True,
+                                       out=args.out)
     out = args.out or artifacts.profile_path
-    profile.save(out)
     model_dir = export_supernet(act, kept, args.repository, instances=args.instances, threads=args.threads)
     device = profile.device_kinds[0]
     lo, hi = profile.variants[0], profile.variants[-1]

@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from pathlib import Path
-
 import numpy as np
 
-from export.presets import DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, PRESETS
+from export.commands import add_build_options
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +20,7 @@ log = logging.getLogger(__name__)
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="build the default supernet, serve it with Triton, query three subnets",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="full", help="supernet preset (default: full)")
-    p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="build cache (default: build/)")
-    p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
-                   help="Triton model repository (default: model_repository/)")
+    add_build_options(p)
     p.set_defaults(func=run)
 
 
@@ -35,20 +30,13 @@ def run(args: argparse.Namespace) -> int:
     from export import data
     from export.artifacts import Artifacts
     from export.presets import get_preset
-    from export.profiler import SUPERNET_MODEL, export_supernet, profile_supernet
-    from scheduler_sidecar.profile import Profile
+    from export.profiler import SUPERNET_MODEL, export_supernet
     from scheduler_sidecar.triton_launcher import TritonServer
 
     artifacts = Artifacts(get_preset(args.preset), args.build_dir)
     act = artifacts.supernet()
     calibration = artifacts.calibration(act)
-    if artifacts.profile_path.exists():
-        profile = Profile.load(artifacts.profile_path)
-        kept = calibration.select([v.id for v in profile.variants])
-    else:
-        profile, kept = profile_supernet(act, calibration, mode="triton", repeats=10,
-                                         name=f"digits-supernet-{args.preset}", source=f"accscale demo --preset {args.preset}")
-        profile.save(artifacts.profile_path)
+    profile, kept = artifacts.profiled(act, calibration)
     if not (args.repository / SUPERNET_MODEL).exists():
         export_supernet(act, kept, args.repository)
     heldout = data.load(act.spec.image_size)["heldout"]

@@ -12,21 +12,22 @@ import importlib
 import logging
 import sys
 
-from python_backend.control import ControlError
-from scheduler_sidecar.profile import ProfileError
 from scheduler_sidecar.triton_launcher import TritonLaunchError
 
 # errors that mean "bad input": one line for the user, no traceback
-USER_ERRORS = (ControlError, ProfileError, TritonLaunchError)
+USER_ERRORS = (ValueError, TritonLaunchError)  # ControlError, ProfileError, TraceError are ValueErrors
 
 # modules that contribute subcommands, in the order `--help` lists them
 COMMAND_MODULES = (
     "scheduler_sidecar.triton_launcher",
     "export.commands",
     "loadtest.demo",
+    "loadtest.commands",
+    "scheduler_sidecar.simulate_cli",
+    "scheduler_sidecar.reproduce",
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
-BENCH_MODULES = ("export.bench",)
+BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as exc:
+        if args.verbose:
+            raise
         print(f"accscale {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -80,7 +80,7 @@ class Profile:
         for v in self.variants:
             if v.id == variant_id:
                 return v
-        raise KeyError(f"profile {self.name!r} has no variant {variant_id!r}")
+        raise ProfileError(f"profile {self.name!r} has no variant {variant_id!r}")
 
     def spread(self, n: int) -> list[Variant]:
         """``n`` distinct variants uniformly spaced in accuracy, from least to most accurate."""

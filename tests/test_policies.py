@@ -34,7 +34,7 @@ def test_online_choice_never_exceeds_the_slack():
     """For any slack the chosen bucket's latency fits it (or no bucket is chosen)."""
     policy = SlackFit(PROFILE)
     for slack in range(0, 200_000, 777):
-        bucket = policy.choose(slack)
+        bucket = policy.bucket(slack)
         assert bucket is None or bucket.latency_us <= slack
         if bucket is not None:  # and it is the closest one below
             assert all(b.latency_us <= bucket.latency_us or b.latency_us > slack for b in policy.buckets)
@@ -78,7 +78,7 @@ def test_greedy_choices_fit_and_follow_their_priority(cls):
     """MaxAcc maximises accuracy then batch; MaxBatch batch then accuracy; both within the slack."""
     policy = cls(PROFILE)
     for slack in range(1_500, 120_000, 1_313):
-        s, b = policy.choose(slack)
+        s, b = policy.pick(slack)
         assert policy.table[s][b] <= slack
         feasible = [(si, bi) for si in range(6) for bi in range(16) if policy.table[si][bi] <= slack]
         if cls is MaxAcc:

@@ -35,7 +35,7 @@ import abc
 import enum
 from typing import ClassVar, Sequence
 
-from scheduler_sidecar.core import EMPTY, Decision, EdfQueue, Query, QueryRecord, WorkerState
+from scheduler_sidecar.core import EMPTY, Decision, Dispatch, EdfQueue, Query, QueryRecord, WorkerState
 from scheduler_sidecar.profile import Profile, Variant
 
 
@@ -94,11 +94,34 @@ class Policy(abc.ABC):
         return Decision(dropped=tuple(dropped)) if dropped else None
 
 
-def free_worker(workers: Sequence[WorkerState]) -> WorkerState | None:
-    for w in workers:
-        if w.is_free:
-            return w
-    return None
+class HeadSlackPolicy(Policy):
+    """A policy that decides from the earliest-deadline query's slack alone (SuperServe A.4).
+
+    On the first free worker: drop what cannot make it (per ``late_queries``), then run
+    ``choose(slack_us)`` on that many earliest-deadline queries. Subclasses set
+    ``fastest_us`` (their quickest option) and implement ``choose``.
+    """
+
+    fastest_us: int
+
+    @abc.abstractmethod
+    def choose(self, slack_us: int) -> tuple[str, int] | None:
+        """(variant id, batch size) within ``slack_us``; None if no option fits."""
+
+    @abc.abstractmethod
+    def fastest(self) -> tuple[str, int]:
+        """The quickest option, used when LateQueries.SERVE runs a query no option fits."""
+
+    def decide(self, now_us: int, queue: EdfQueue, workers: Sequence[WorkerState]) -> Decision:
+        worker = next((w for w in workers if w.is_free), None)
+        if worker is None or not queue:
+            return EMPTY
+        dropped = self.drop_or_serve(now_us, queue, self.fastest_us)
+        if dropped:
+            return dropped
+        variant_id, batch_size = self.choose(self.slack_us(now_us, queue.peek())) or self.fastest()
+        ids = tuple(q.id for q in queue.head(batch_size))
+        return Decision((Dispatch(worker.id, variant_id, ids),))
 
 
-__all__ = ["EMPTY", "LateQueries", "Policy", "free_worker"]
+__all__ = ["EMPTY", "HeadSlackPolicy", "LateQueries", "Policy"]

@@ -12,38 +12,28 @@ no accuracy constraint given, always serves the least accurate (cheapest) varian
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
-
-from scheduler_sidecar.core import EMPTY, Decision, Dispatch, EdfQueue, WorkerState
-from scheduler_sidecar.policies.base import Policy, free_worker
+from scheduler_sidecar.policies.base import HeadSlackPolicy
 from scheduler_sidecar.profile import Profile
 
 
-class ClipperPlus(Policy):
+class ClipperPlus(HeadSlackPolicy):
     """Serve every query with one fixed variant (default: the most accurate)."""
 
     name = "clipper"
 
     def __init__(self, profile: Profile, *, variant_id: str | None = None, **options) -> None:
         super().__init__(profile, **options)
-        self.variant = profile.variant(variant_id) if variant_id else self.default_variant(profile)
+        self.variant = profile.variant(variant_id) if variant_id else profile.variants[-1]
         self.sizes = self.variant.latency[self.device].batch_sizes
         self.latencies = [self.latency_us(self.variant, b) for b in self.sizes]
+        self.fastest_us = self.latencies[0]
 
-    @staticmethod
-    def default_variant(profile: Profile):
-        return profile.variants[-1]
+    def choose(self, slack_us: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self.latencies, slack_us) - 1
+        return (self.variant.id, self.sizes[i]) if i >= 0 else None
 
-    def decide(self, now_us: int, queue: EdfQueue, workers: Sequence[WorkerState]) -> Decision:
-        worker = free_worker(workers)
-        if worker is None or not queue:
-            return EMPTY
-        dropped = self.drop_or_serve(now_us, queue, self.latencies[0])
-        if dropped:
-            return dropped
-        i = max(bisect.bisect_right(self.latencies, self.slack_us(now_us, queue.peek())) - 1, 0)
-        ids = tuple(q.id for q in queue.head(self.sizes[i]))
-        return Decision((Dispatch(worker.id, self.variant.id, ids),))
+    def fastest(self) -> tuple[str, int]:
+        return self.variant.id, self.sizes[0]
 
 
 class Infaas(ClipperPlus):

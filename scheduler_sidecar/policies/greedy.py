@@ -12,14 +12,11 @@ and stepped down until it fits.
 from __future__ import annotations
 
 import bisect
-from typing import Sequence
-
-from scheduler_sidecar.core import EMPTY, Decision, Dispatch, EdfQueue, WorkerState
-from scheduler_sidecar.policies.base import Policy, free_worker
+from scheduler_sidecar.policies.base import HeadSlackPolicy
 from scheduler_sidecar.profile import Profile
 
 
-class _Greedy(Policy):
+class _Greedy(HeadSlackPolicy):
     def __init__(self, profile: Profile, **options) -> None:
         super().__init__(profile, **options)
         self.sizes = profile.variants[0].latency[self.device].batch_sizes
@@ -42,19 +39,16 @@ class _Greedy(Policy):
             s -= 1
         return s
 
-    def choose(self, slack_us: int) -> tuple[int, int] | None:
+    def pick(self, slack_us: int) -> tuple[int, int] | None:
+        """(variant index, batch index) within the slack; None if nothing fits."""
         raise NotImplementedError
 
-    def decide(self, now_us: int, queue: EdfQueue, workers: Sequence[WorkerState]) -> Decision:
-        worker = free_worker(workers)
-        if worker is None or not queue:
-            return EMPTY
-        dropped = self.drop_or_serve(now_us, queue, self.fastest_us)
-        if dropped:
-            return dropped
-        s, b = self.choose(self.slack_us(now_us, queue.peek())) or (0, 0)
-        ids = tuple(q.id for q in queue.head(self.sizes[b]))
-        return Decision((Dispatch(worker.id, self.profile.variants[s].id, ids),))
+    def choose(self, slack_us: int) -> tuple[str, int] | None:
+        picked = self.pick(slack_us)
+        return (self.profile.variants[picked[0]].id, self.sizes[picked[1]]) if picked else None
+
+    def fastest(self) -> tuple[str, int]:
+        return self.profile.variants[0].id, self.sizes[0]
 
 
 class MaxAcc(_Greedy):
@@ -62,7 +56,7 @@ class MaxAcc(_Greedy):
 
     name = "maxacc"
 
-    def choose(self, slack_us: int) -> tuple[int, int] | None:
+    def pick(self, slack_us: int) -> tuple[int, int] | None:
         s = self.most_accurate(0, slack_us)
         return (s, self.largest_batch(s, slack_us)) if s >= 0 else None
 
@@ -72,6 +66,6 @@ class MaxBatch(_Greedy):
 
     name = "maxbatch"
 
-    def choose(self, slack_us: int) -> tuple[int, int] | None:
+    def pick(self, slack_us: int) -> tuple[int, int] | None:
         b = self.largest_batch(0, slack_us)
         return (self.most_accurate(b, slack_us), b) if b >= 0 else None

@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Sequence
-
-from scheduler_sidecar.core import EMPTY, Decision, Dispatch, EdfQueue, WorkerState
-from scheduler_sidecar.policies.base import Policy, free_worker
+from scheduler_sidecar.policies.base import HeadSlackPolicy
 from scheduler_sidecar.profile import Profile
 
 
@@ -58,7 +55,7 @@ def build_buckets(profile: Profile, device: str, num_buckets: int, latency_us) -
     return sorted(best.values(), key=lambda k: (k.latency_us, -k.batch_size))
 
 
-class SlackFit(Policy):
+class SlackFit(HeadSlackPolicy):
     """On a free worker, serve the bucket nearest below the head query's slack."""
 
     name = "slackfit"
@@ -71,18 +68,14 @@ class SlackFit(Policy):
         self._latencies = [k.latency_us for k in self.buckets]
         self.fastest_us = self._latencies[0]
 
-    def choose(self, slack_us: int) -> Bucket | None:
+    def bucket(self, slack_us: int) -> Bucket | None:
         """The bucket with the largest latency <= slack; None if even the fastest is slower."""
         i = bisect.bisect_right(self._latencies, slack_us)
         return self.buckets[i - 1] if i else None
 
-    def decide(self, now_us: int, queue: EdfQueue, workers: Sequence[WorkerState]) -> Decision:
-        worker = free_worker(workers)
-        if worker is None or not queue:
-            return EMPTY
-        dropped = self.drop_or_serve(now_us, queue, self.fastest_us)
-        if dropped:
-            return dropped
-        bucket = self.choose(self.slack_us(now_us, queue.peek())) or self.buckets[0]
-        ids = tuple(q.id for q in queue.head(bucket.batch_size))
-        return Decision((Dispatch(worker.id, bucket.variant_id, ids),))
+    def choose(self, slack_us: int) -> tuple[str, int] | None:
+        bucket = self.bucket(slack_us)
+        return (bucket.variant_id, bucket.batch_size) if bucket else None
+
+    def fastest(self) -> tuple[str, int]:
+        return self.buckets[0].variant_id, self.buckets[0].batch_size
