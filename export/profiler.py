@@ -39,7 +39,7 @@ from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant,
 log = logging.getLogger(__name__)
 
 BATCH_SIZES = tuple(range(1, 17))  # SuperServe profiles batch sizes up to 16
-CALIBRATION_IMAGES = 512  # training images per SubnetNorm calibration pass
+CALIBRATION_IMAGES = 256  # training images per SubnetNorm calibration pass
 SHORTLIST_FRONTS = 3
 SUPERNET_MODEL = "digits_supernet"  # Triton model name of the default supernet
 
@@ -200,7 +200,7 @@ def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_si
     images = data.load(image_size)["heldout"].images
     if mode == "onnxruntime":
         runner = SupernetRunner(version_dir)
-        infer: Callable[[np.ndarray, np.ndarray], object] = runner.run
+        infer: Callable[[np.ndarray, np.ndarray], object] = runner.infer
     else:
         import tritonclient.grpc as grpcclient
 

@@ -8,8 +8,8 @@ NOTE on the training rule. We follow the field's recipe in two phases:
    each step runs the largest subnet on the labels, then the smallest and
    ``num_random_subnets`` random ones, distilled in place from the largest one's soft
    predictions.
-Inputs are augmented with small random affine transforms and noise, since 1,257 training
-images would otherwise be memorised by the largest subnet.
+Every step sees freshly distorted images (:func:`export.data.distort`), the same kind of
+distortion the held-out split is measured on.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -28,19 +27,6 @@ from export.subnetact import SubNetAct, build
 from export.presets import Preset, SupernetSpec
 
 log = logging.getLogger(__name__)
-
-
-def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random rotation (+-12 deg), scale (0.9-1.1), shift (+-1.5 px) and pixel noise."""
-    n = images.shape[0]
-    angle = (torch.rand(n, generator=generator) - 0.5) * (24 * np.pi / 180)
-    scale = 0.9 + 0.2 * torch.rand(n, generator=generator)
-    shift = (torch.rand(n, 2, generator=generator) - 0.5) * (3.0 / images.shape[-1]) * 2
-    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
-    theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
-    grid = F.affine_grid(theta, list(images.shape), align_corners=False)
-    out = F.grid_sample(images + 1.0, grid, align_corners=False) - 1.0  # background stays at -1
-    return out + 0.1 * torch.randn(images.shape, generator=generator)
 
 
 @torch.no_grad()
@@ -86,7 +72,7 @@ def train(preset: Preset) -> SubNetAct:
         total_loss = 0.0
         for step in range(steps_per_epoch):
             idx = perm[step * preset.batch_size : (step + 1) * preset.batch_size]
-            x, y = augment(images[idx], gen), labels[idx]
+            x, y = data.distort(images[idx], gen), labels[idx]
             opt.zero_grad()
             act.set_subnet(act.layout.largest())
             logits = act(x)

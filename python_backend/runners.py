@@ -62,32 +62,42 @@ class SupernetRunner:
         self.table = SubnetTable.from_json((version_dir / SUBNETS_FILE).read_text())
         self.layout = self.table.layout
         self._index = self.table.index()
+        m = self.layout.num_stages
+        self._feed_cache = [  # SUBNET index -> the control inputs of the ONNX graph
+            {"DEPTH": np.asarray(row[:m], dtype=np.int64), "WIDTH": np.asarray(row[m:], dtype=np.int64),
+             "SUBNET": np.asarray(i, dtype=np.int64)}
+            for i, row in enumerate(self.table.rows)
+        ]
         self.session = make_session(version_dir / MODEL_FILE, threads)
 
     def subnet_indices(self, control: np.ndarray) -> np.ndarray:
         """SUBNET index of every row; ControlError names the first bad row and field."""
         if control.ndim != 2:
             raise ControlError(f"CONTROL must be [batch, {self.layout.num_fields}], got shape {list(control.shape)}")
-        # rows repeat heavily within a batch: validate each distinct row once
-        distinct, inverse = np.unique(control, axis=0, return_inverse=True)
-        indices = np.empty(len(distinct), dtype=np.int64)
-        for j, row in enumerate(distinct):
-            first = int(np.flatnonzero(inverse.reshape(-1) == j)[0])
-            try:
-                canon = self.layout.validate(row.tolist())
-            except ControlError as exc:
-                raise ControlError(f"CONTROL row {first}: {exc}") from None
-            if canon not in self._index:
-                raise ControlError(
-                    f"CONTROL row {first}: subnet {self.layout.subnet_id(canon)} has no SubnetNorm "
-                    f"statistics in this export ({len(self._index)} calibrated subnets are listed in {SUBNETS_FILE})"
-                )
-            indices[j] = self._index[canon]
+        if len(control) and (control == control[0]).all():  # the usual case: one subnet per batch
+            return np.full(len(control), self._index_of(control[0], 0), dtype=np.int64)
+        distinct, first, inverse = np.unique(control, axis=0, return_index=True, return_inverse=True)
+        indices = np.array([self._index_of(row, int(i)) for row, i in zip(distinct, first)], dtype=np.int64)
         return indices[inverse.reshape(-1)]
 
-    def run(self, images: np.ndarray, control: np.ndarray) -> np.ndarray:
+    def _index_of(self, row: np.ndarray, position: int) -> int:
+        try:
+            canon = self.layout.validate(row.tolist())
+        except ControlError as exc:
+            raise ControlError(f"CONTROL row {position}: {exc}") from None
+        if canon not in self._index:
+            raise ControlError(
+                f"CONTROL row {position}: subnet {self.layout.subnet_id(canon)} has no SubnetNorm "
+                f"statistics in this export ({len(self._index)} calibrated subnets are listed in {SUBNETS_FILE})"
+            )
+        return self._index[canon]
+
+    def infer(self, images: np.ndarray, control: np.ndarray) -> np.ndarray:
         """Logits for ``images`` [N, ...] where row i runs the subnet named by ``control[i]``."""
-        subnet_of_row = self.subnet_indices(control)
+        return self.run(images, self.subnet_indices(control))
+
+    def run(self, images: np.ndarray, subnet_of_row: np.ndarray) -> np.ndarray:
+        """Logits for ``images`` where row i runs calibrated subnet ``subnet_of_row[i]``."""
         if len(subnet_of_row) != len(images) or len(images) == 0:
             raise ControlError(f"CONTROL has {len(subnet_of_row)} rows for a batch of {len(images)} inputs")
         out: np.ndarray | None = None
@@ -104,13 +114,7 @@ class SupernetRunner:
         return out
 
     def _feeds(self, subnet: int) -> dict[str, np.ndarray]:
-        row = self.table.rows[subnet]
-        m = self.layout.num_stages
-        return {
-            "DEPTH": np.asarray(row[:m], dtype=np.int64),
-            "WIDTH": np.asarray(row[m:], dtype=np.int64),
-            "SUBNET": np.asarray(subnet, dtype=np.int64),
-        }
+        return self._feed_cache[subnet]
 
 
 class StaticRunner:
@@ -119,6 +123,5 @@ class StaticRunner:
     def __init__(self, version_dir: Path, threads: int = 1) -> None:
         self.session = make_session(version_dir / MODEL_FILE, threads)
 
-    def run(self, images: np.ndarray, control: np.ndarray | None = None) -> np.ndarray:
+    def run(self, images: np.ndarray, subnet_of_row: np.ndarray | None = None) -> np.ndarray:
         return self.session.run(["LOGITS"], {"INPUT": images})[0]
-

@@ -33,20 +33,19 @@ class TritonPythonModel:
         self.has_control = kind == "supernet"
 
     def execute(self, requests: list) -> list:
-        images, controls, sizes, errors = [], [], [], {}
+        images, subnets, sizes, errors = [], [], [], {}
         for i, request in enumerate(requests):
             x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
             if self.has_control:
                 control = pb_utils.get_input_tensor_by_name(request, "CONTROL").as_numpy()
                 try:
-                    self.runner.subnet_indices(control)
+                    subnets.append(self.runner.subnet_indices(control))
                 except ControlError as exc:
                     errors[i] = str(exc)
                     continue
-                controls.append(control)
             images.append(x)
             sizes.append(len(x))
-        outputs = iter(self._run(images, controls, sizes))
+        outputs = iter(self._run(images, subnets, sizes))
         return [
             pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[i], pb_utils.TritonError.INVALID_ARG))
             if i in errors
@@ -54,10 +53,10 @@ class TritonPythonModel:
             for i in range(len(requests))
         ]
 
-    def _run(self, images: list, controls: list, sizes: list) -> list:
+    def _run(self, images: list, subnets: list, sizes: list) -> list:
         if not images:
             return []
         batch = np.concatenate(images) if len(images) > 1 else images[0]
-        control = (np.concatenate(controls) if len(controls) > 1 else controls[0]) if controls else None
-        logits = self.runner.run(batch, control)
+        subnet_of_row = (np.concatenate(subnets) if len(subnets) > 1 else subnets[0]) if subnets else None
+        logits = self.runner.run(batch, subnet_of_row)
         return np.split(logits, np.cumsum(sizes)[:-1])

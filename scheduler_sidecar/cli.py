@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "loadtest.commands",
     "scheduler_sidecar.simulate_cli",
     "scheduler_sidecar.reproduce",
+    "scheduler_sidecar.paper_profiles",
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
 BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench")

@@ -119,17 +119,22 @@ class Simulator:
         self.rng = np.random.default_rng(config.seed)
         profile, device = policy.profile, policy.device
         self._accuracy = {v.id: v.accuracy for v in profile.variants}
-        self._p50_us = {(v.id, b): v.latency[device].p50_at(b) * 1000
-                        for v in profile.variants for b in v.latency[device].batch_sizes}
-        self._sigma = {(v.id, b): math.log(max(p99, p50) / p50) / _Z99 if p50 > 0 else 0.0
-                       for v in profile.variants
-                       for b, p50, p99 in zip(v.latency[device].batch_sizes, v.latency[device].p50_ms,
-                                              v.latency[device].p99_ms)}
+        # (variant, k) -> (p50 in us, lognormal sigma) of the smallest profiled batch size >= k: a batch
+        # between profiled sizes is padded, as a batching server runs it
+        self._latency: dict[tuple[str, int], tuple[float, float]] = {}
+        for v in profile.variants:
+            curve = v.latency[device]
+            k = 1
+            for b, p50, p99 in zip(curve.batch_sizes, curve.p50_ms, curve.p99_ms):
+                sigma = math.log(max(p99, p50) / p50) / _Z99 if p50 > 0 else 0.0
+                for size in range(k, b + 1):
+                    self._latency[(v.id, size)] = (p50 * 1000, sigma)
+                k = b + 1
 
     def _latency_us(self, variant: str, batch: int) -> int:
-        p50 = self._p50_us[(variant, batch)]
+        p50, sigma = self._latency[(variant, batch)]
         if self.config.latency_noise == "tail":
-            p50 *= math.exp(self._sigma[(variant, batch)] * self.rng.standard_normal())
+            p50 *= math.exp(sigma * self.rng.standard_normal())
         return max(1, round(p50))
 
     def run(self, arrival_us: Sequence[int] | np.ndarray, deadline_us: Sequence[int] | np.ndarray) -> SimResult:

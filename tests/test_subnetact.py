@@ -77,7 +77,7 @@ def test_supernet_onnx_has_control_flow_and_matches_torch(tmp_path):
         act.set_subnet(row, i)
         with torch.no_grad():
             expected = act(x).numpy()
-        got = runner.run(x.numpy(), np.tile(np.array(row, dtype=np.int32), (4, 1)))
+        got = runner.infer(x.numpy(), np.tile(np.array(row, dtype=np.int32), (4, 1)))
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -90,12 +90,12 @@ def test_runner_groups_mixed_rows(tmp_path):
     runner = SupernetRunner(tmp_path)
     x = make_images(9).numpy()
     control = np.array([rows[random.Random(i).randrange(5)] for i in range(9)], dtype=np.int32)
-    mixed = runner.run(x, control)
+    mixed = runner.infer(x, control)
     for i in range(9):
-        np.testing.assert_allclose(mixed[i : i + 1], runner.run(x[i : i + 1], control[i : i + 1]), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(mixed[i : i + 1], runner.infer(x[i : i + 1], control[i : i + 1]), rtol=1e-5, atol=1e-6)
     uncalibrated = next(r for r in _all_rows(act) if r not in rows)
     with pytest.raises(ControlError, match="CONTROL row 1: subnet .* has no SubnetNorm statistics"):
-        runner.run(x[:2], np.array([rows[0], uncalibrated], dtype=np.int32))
+        runner.infer(x[:2], np.array([rows[0], uncalibrated], dtype=np.int32))
 
 
 def test_static_onnx_matches_torch(tmp_path):
