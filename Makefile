@@ -4,13 +4,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test check clean
+.PHONY: demo test clean
 
 $(STAMP): pyproject.toml
 	@echo "== setting up $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	@# the CPU build of torch first, so that the project's torch requirement is already met
+	@# torch first, pinned: on these machines this is the CPU build; the project's torch range is then met
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[cpu,test]'
 	rm -f $(VENV)/.installed-* && touch $@

@@ -1,20 +1,26 @@
 """Where built artifacts live, and building them once: trained supernet, then calibration.
 
 ``build/<preset>/`` holds ``supernet.pt`` (trained weights), ``calibration.npz`` (every
-searched subnet with its SubnetNorm statistics and accuracy) and ``profile.json``. Each
-is rebuilt only when missing; delete the folder (or ``make clean``) to start over.
+searched subnet with its SubnetNorm statistics and accuracy) and ``profile.json``. Each has
+a ``.stamp`` beside it: a hash of what it was built from (the preset and the data for the
+weights, the weights for the calibration, the calibration for the profile). An artifact is
+rebuilt when it is missing or its stamp no longer matches, so a changed preset or a
+retrained supernet never meets stale statistics. ``make clean`` starts over.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from export import train
+from export import data, train
 from export.presets import DEFAULT_BUILD_DIR, Preset
-from export.profiler import Calibration, Candidate, profile_supernet, search
+from export.profiler import CALIBRATION_IMAGES, Calibration, Candidate, profile_supernet, search
 from export.subnetact import SubNetAct
 from scheduler_sidecar.profile import Profile
 
@@ -43,28 +49,56 @@ class Artifacts:
         return self.folder / "profile.json"
 
     def supernet(self) -> SubNetAct:
-        """The trained supernet, training it first if there is no checkpoint."""
-        if not self.checkpoint.exists():
+        """The trained supernet, training it first if there is no up-to-date checkpoint."""
+        key = _hash(json.dumps(dataclasses.asdict(self.preset), sort_keys=True), repr(data.FINGERPRINT))
+        if not _fresh(self.checkpoint, key):
             log.info("training the %r supernet (cached in %s)", self.preset.name, self.checkpoint)
             train.save(train.train(self.preset), self.checkpoint)
+            _stamp(self.checkpoint, key)
         return train.load(self.checkpoint)
 
     def calibration(self, act: SubNetAct) -> Calibration:
-        """Every searched subnet with its statistics, searching first if not cached."""
-        if not self.calibration_path.exists():
+        """Every searched subnet with its statistics, searching first if not up to date."""
+        key = _hash(_file_hash(self.checkpoint), str(self.preset.search_candidates), str(CALIBRATION_IMAGES),
+                    repr(data.HELDOUT_FINGERPRINT))
+        if not _fresh(self.calibration_path, key):
             log.info("searching %d subnets (cached in %s)", self.preset.search_candidates, self.calibration_path)
             search(act, self.preset).save(self.calibration_path)
+            _stamp(self.calibration_path, key)
         return Calibration.load(self.calibration_path, act)
 
     def profiled(self, act: SubNetAct, calibration: Calibration, *, mode: str = "triton", repeats: int = 20,
                  rebuild: bool = False, out: Path | None = None) -> tuple[Profile, list[Candidate]]:
         """The Pareto profile and its candidates, measuring first if not cached (or ``rebuild``)."""
         path = out or self.profile_path
-        if path.exists() and not rebuild:
+        key = _hash(_file_hash(self.calibration_path))
+        if not rebuild and _fresh(path, key):
             profile = Profile.load(path)
             return profile, calibration.select([v.id for v in profile.variants])
         source = f"accscale profile --preset {self.preset.name} --mode {mode} on {platform.node()} ({platform.machine()})"
         profile, kept = profile_supernet(act, calibration, mode=mode, repeats=repeats,
                                          name=f"digits-supernet-{self.preset.name}", source=source)
         profile.save(path)
+        _stamp(path, key)
         return profile, kept
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".stamp")
+
+
+def _fresh(path: Path, key: str) -> bool:
+    stamp = _stamp_path(path)
+    return path.exists() and stamp.exists() and stamp.read_text().strip() == key
+
+
+def _stamp(path: Path, key: str) -> None:
+    _stamp_path(path).write_text(key + "\n")

@@ -8,7 +8,9 @@ Three ratios, each measured in one run on real Triton servers (SuperServe sectio
   different CONTROL row). Both medians of repeated switches.
 - ``memory_ratio``: proportional set size (PSS, so shared libraries count once) of
   tritonserver and its python-backend stubs serving ``--spread`` Pareto subnets as separate
-  models, over the same for the one supernet model serving every Pareto subnet.
+  models, over the same for the one supernet model serving every Pareto subnet. Each
+  python-backend model is its own process, so this is mostly process memory;
+  ``weights_ratio`` compares the weights alone (the separate ONNX files over the supernet's).
 - ``exec_overhead``: per batch size, latency of a subnet through the supernet over the same
   subnet exported statically, both loaded in one server and called alternately.
 """
@@ -81,15 +83,15 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
         repo = Path(tmp)
         export_supernet(act, pareto, repo)
         statics = [export_static(act, c, repo).name for c in chosen]
-        with TritonServer(repository=repo, models=[SUPERNET_MODEL]) as server:
-            client = _client(server)
+        weights_separate = sum((repo / name / "1" / "model.onnx").stat().st_size for name in statics)
+        weights_supernet = (repo / SUPERNET_MODEL / "1" / "model.onnx").stat().st_size
+        with TritonServer(repository=repo, models=[SUPERNET_MODEL]) as server, _client(server) as client:
             for c in pareto:  # touch every subnet once, as serving would
                 _infer(client, SUPERNET_MODEL, images[:1], c.row)
             memory_supernet = _pss_bytes(server.pid)
             switch = [_timed(lambda: _infer(client, SUPERNET_MODEL, images[:1], pareto[i % len(pareto)].row))
                       for i in range(repeats)]  # every call names a different subnet than the one before
-        with TritonServer(repository=repo, models=statics) as server:
-            client = _client(server)
+        with TritonServer(repository=repo, models=statics) as server, _client(server) as client:
             for name in statics:
                 _infer(client, name, images[:1])
             memory_separate = _pss_bytes(server.pid)
@@ -109,6 +111,7 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
         "memory_ratio": memory_separate / memory_supernet,
         "memory_separate_mib": memory_separate / 2**20,
         "memory_supernet_mib": memory_supernet / 2**20,
+        "weights_ratio": weights_separate / weights_supernet,
         "separate_models": len(statics),
         "supernet_subnets": len(pareto),
         "exec_overhead": {str(b): max(r.values()) for b, r in overhead.items()},

@@ -11,6 +11,10 @@ from export.presets import DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, PRESETS, get_p
 log = logging.getLogger(__name__)
 
 
+# a profile worth scheduling over: enough Pareto points, a real accuracy and latency range
+MIN_PARETO, MIN_ACCURACY_SPAN_POINTS, MIN_LATENCY_SPAN = 20, 5.0, 3.0
+
+
 def add_build_options(parser: argparse.ArgumentParser) -> None:
     """--preset, --build-dir and --repository, shared by every command that uses the built supernet."""
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
@@ -69,11 +73,18 @@ def run_profile(args: argparse.Namespace) -> int:
     model_dir = export_supernet(act, kept, args.repository, instances=args.instances, threads=args.threads)
     device = profile.device_kinds[0]
     lo, hi = profile.variants[0], profile.variants[-1]
+    fastest = min(v.latency[device].p50_at(1) for v in profile.variants)
+    slowest = max(v.latency[device].p50_at(1) for v in profile.variants)
     print(f"profile: {out}")
     print(f"pareto subnets: {len(profile.variants)} of {len(calibration.candidates)} searched")
     print(f"top-1 accuracy: {100 * lo.accuracy:.2f}% .. {100 * hi.accuracy:.2f}%")
-    print(f"batch-1 p50 latency ({device}): {lo.latency[device].p50_at(1):.3f} ms .. "
-          f"{hi.latency[device].p50_at(1):.3f} ms")
+    print(f"batch-1 p50 latency ({device}): {fastest:.3f} ms .. {slowest:.3f} ms ({slowest / fastest:.2f}x)")
+    # what a serving trade-off needs from a supernet; the default one is built to pass all three
+    for label, ok in ((f"at least {MIN_PARETO} Pareto subnets", len(profile.variants) >= MIN_PARETO),
+                      (f"accuracy spans at least {MIN_ACCURACY_SPAN_POINTS} points",
+                       100 * (hi.accuracy - lo.accuracy) >= MIN_ACCURACY_SPAN_POINTS),
+                      (f"batch-1 latency spans at least {MIN_LATENCY_SPAN}x", slowest / fastest >= MIN_LATENCY_SPAN)):
+        print(f"  [{'ok' if ok else 'NOT MET'}] {label}")
     print(f"supernet model: {model_dir}")
     return 0
 

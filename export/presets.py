@@ -70,10 +70,10 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     # tests and CI: a narrower network, a few epochs; subnets are still meaningfully different
     "fast": Preset("fast", SupernetSpec(stage_channels=(16, 32, 64), max_depths=(3, 3, 3)),
-                   full_epochs=4, elastic_epochs=6, search_candidates=120),
+                   full_epochs=4, elastic_epochs=6, search_candidates=90),
     # the demo's default model: wide enough that its largest subnet costs several times the smallest
     "full": Preset("full", SupernetSpec(stage_channels=(48, 96, 192)), full_epochs=8, elastic_epochs=22,
-                   search_candidates=400),
+                   search_candidates=300),
 }
 
 

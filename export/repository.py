@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -24,7 +25,7 @@ from python_backend.triton_model import TritonPythonModel  # noqa: F401
 
 
 def static_model_name(supernet_name: str, subnet_id: str) -> str:
-    """Triton model name of a statically exported subnet, e.g. ``digits__d142_w3_3210_21``."""
+    """Triton model name of a statically exported subnet, e.g. ``digits_supernet__d142_w3_3210_21``."""
     return f"{supernet_name}__{re.sub(r'[^A-Za-z0-9]+', '_', subnet_id)}"
 
 
@@ -55,9 +56,11 @@ instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 
 def _write_model(repository: Path, name: str, model: onnx.ModelProto, config: str, extra: dict[str, str]) -> Path:
     model_dir = repository / name
-    tmp = repository / f".{name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "1").mkdir(parents=True)
+    repository.mkdir(parents=True, exist_ok=True)
+    # built beside the repository, so an interrupted export leaves nothing Triton would try to load
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=repository.resolve().parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from a Triton running as another user
+    (tmp / "1").mkdir()
     save(model, tmp / "1" / MODEL_FILE)
     (tmp / "1" / "model.py").write_text(SHIM)
     for file_name, text in extra.items():

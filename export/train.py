@@ -68,6 +68,7 @@ def train(preset: Preset) -> SubNetAct:
         elastic = epoch >= preset.full_epochs
         if epoch == preset.full_epochs:
             reorganize_channels(act)
+            opt.state.clear()  # momentum buffers belong to the old channel order
         perm = torch.randperm(len(images), generator=gen)
         total_loss = 0.0
         for step in range(steps_per_epoch):

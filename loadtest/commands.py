@@ -106,32 +106,21 @@ def _add_kind_options(kind: str, p: argparse.ArgumentParser) -> None:
 
 
 def run_gen(args: argparse.Namespace) -> int:
-    try:
-        trace = KINDS[args.kind][1](args)
-        if args.slo_ms is not None:
-            trace = traces.with_slo(trace, args.slo_ms)
-        if args.payloads is not None:
-            trace = traces.with_payloads(trace, args.payloads, args.seed)
-        if args.out == "-":
-            sys.stdout.write(trace.to_text())
-        else:
-            trace.save(args.out)
-    except (OSError, ValueError) as exc:  # bad parameters or paths: one line, no traceback
-        print(f"accscale trace gen {args.kind}: error: {exc}", file=sys.stderr)
-        return 2
+    trace = KINDS[args.kind][1](args)
+    if args.slo_ms is not None:
+        trace = traces.with_slo(trace, args.slo_ms)
+    if args.payloads is not None:
+        trace = traces.with_payloads(trace, args.payloads, args.seed)
+    if args.out == "-":
+        sys.stdout.write(trace.to_text())
+    else:
+        trace.save(args.out)
     print(f"wrote {_summary(trace)} to {'stdout' if args.out == '-' else args.out}", file=sys.stderr)
     return 0
 
 
 def run_info(args: argparse.Namespace) -> int:
-    try:
-        if args.file == "-":
-            trace = Trace.from_text(sys.stdin.read(), source="<stdin>")
-        else:
-            trace = Trace.load(args.file)
-    except (OSError, traces.TraceError) as exc:
-        print(f"accscale trace info: error: {exc}", file=sys.stderr)
-        return 2
+    trace = Trace.from_text(sys.stdin.read(), source="<stdin>") if args.file == "-" else Trace.load(args.file)
     rate_qps = _rates_per_second(trace)
     print(f"name: {trace.name}")
     print(f"queries: {len(trace)}")

@@ -37,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
     act = artifacts.supernet()
     calibration = artifacts.calibration(act)
     profile, kept = artifacts.profiled(act, calibration)
-    if not (args.repository / SUPERNET_MODEL).exists():
-        export_supernet(act, kept, args.repository)
+    export_supernet(act, kept, args.repository)  # cheap, and never serves a stale or other preset's model
     heldout = data.load(act.spec.image_size)["heldout"]
     x, label = heldout.images[:1], int(heldout.labels[0])
     variants = profile.variants
@@ -46,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     device = profile.device_kinds[0]
     print(f"profile {artifacts.profile_path}: {len(variants)} Pareto subnets, top-1 "
           f"{100 * variants[0].accuracy:.2f}%..{100 * variants[-1].accuracy:.2f}%")
-    with TritonServer(repository=args.repository, models=[SUPERNET_MODEL]) as server:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
+    with TritonServer(repository=args.repository, models=[SUPERNET_MODEL]) as server, \
+            grpcclient.InferenceServerClient(server.grpc_url) as client:
         print(f"triton ready at {server.grpc_url} (gRPC); querying one held-out digit (label {label})\n")
         print(f"{'subnet (CONTROL row)':<44} {'top-1':>7} {'p50 b=1':>9} {'answer':>7} {'latency':>9}")
         for v in picks:

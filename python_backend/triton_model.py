@@ -45,13 +45,21 @@ class TritonPythonModel:
                     continue
             images.append(x)
             sizes.append(len(x))
-        outputs = iter(self._run(images, subnets, sizes))
+        try:
+            outputs = iter(self._run(images, subnets, sizes))
+        except Exception as exc:  # noqa: BLE001 - every request still gets its own answer
+            failure = pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+            return [self._error(errors[i]) if i in errors else pb_utils.InferenceResponse(error=failure)
+                    for i in range(len(requests))]
         return [
-            pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[i], pb_utils.TritonError.INVALID_ARG))
-            if i in errors
+            self._error(errors[i]) if i in errors
             else pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", next(outputs))])
             for i in range(len(requests))
         ]
+
+    @staticmethod
+    def _error(message: str):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG))
 
     def _run(self, images: list, subnets: list, sizes: list) -> list:
         if not images:

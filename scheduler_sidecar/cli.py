@@ -12,10 +12,13 @@ import importlib
 import logging
 import sys
 
+from tritonclient.utils import InferenceServerException
+
 from scheduler_sidecar.triton_launcher import TritonLaunchError
 
-# errors that mean "bad input": one line for the user, no traceback
-USER_ERRORS = (ValueError, TritonLaunchError)  # ControlError, ProfileError, TraceError are ValueErrors
+# errors that mean "bad input or environment": one line for the user, no traceback (-v shows it).
+# Bad parameters, profiles, traces and control rows are ValueErrors (ProfileError, TraceError, ...).
+USER_ERRORS = (ValueError, OSError, TritonLaunchError, InferenceServerException)
 
 # modules that contribute subcommands, in the order `--help` lists them
 COMMAND_MODULES = (
@@ -59,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as exc:
         if args.verbose:
             raise
-        print(f"accscale {args.command}: error: {exc}", file=sys.stderr)
+        command = " ".join(x for x in (args.command, getattr(args, "kind", None)) if x)
+        print(f"accscale {command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -100,6 +100,7 @@ class EdfQueue:
         self._front: list[Query] = []  # sorted; every query here precedes every query in the heap
         self._removed: set[int] = set()
         self._by_id: dict[int, Query] = {}
+        self._view = QueueView(self)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -165,6 +166,9 @@ class EdfQueue:
             self._front = kept
         return out
 
+    def view(self) -> "QueueView":
+        return self._view
+
     def discard(self, query_id: int) -> Query | None:
         """Remove a query if it is still queued (e.g. its client disconnected)."""
         return self.remove([query_id])[0] if query_id in self._by_id else None
@@ -178,6 +182,30 @@ class Batch:
     queries: tuple[Query, ...]
     start_us: int
     expected_latency_us: int
+
+
+class QueueView:
+    """What a policy sees of the EDF queue: read-only access in deadline order."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: EdfQueue) -> None:
+        self._queue = queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def peek(self) -> Query:
+        """The earliest-deadline query; IndexError when empty."""
+        return self._queue.peek()
+
+    def head(self, n: int) -> list[Query]:
+        """The ``n`` earliest-deadline queries (fewer if the queue is shorter)."""
+        return self._queue.head(n)
+
+    def scan(self) -> Iterator[Query]:
+        """All queries in deadline order, fetched lazily."""
+        return self._queue.scan()
 
 
 def apply(decision: Decision, queue: EdfQueue, workers: MutableSequence[WorkerState], now_us: int,

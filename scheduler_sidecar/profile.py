@@ -221,6 +221,9 @@ def _parse(raw: Any, where: str) -> Profile:
         if set(v.latency) != devices:
             raise ProfileError(f"{where}: variants[{i}].latency: device kinds {sorted(v.latency)} differ from "
                                f"variants[0]'s {sorted(devices)}")
+        for device in devices:  # policies compare variants batch size by batch size
+            if v.latency[device].batch_sizes != variants[0].latency[device].batch_sizes:
+                raise ProfileError(f"{where}: variants[{i}].latency.{device}.batch_sizes differ from variants[0]'s")
     variants.sort(key=lambda v: (v.accuracy, v.id))
     return Profile(top.get("name", str), top.get("source", str), tuple(variants),
                    top.get("metadata", dict, required=False) or {})

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-POLICY_CHOICES = ("slackfit", "maxacc", "maxbatch", "clipper", "infaas", "optimal")
+from scheduler_sidecar.policies import POLICIES
+
 MAX_OPTIMAL_QUERIES = 200  # the time-indexed ZILP grows quickly; beyond this it is impractical
 
 
@@ -18,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "simulate", help="simulate a policy on a trace and a profile (discrete-event, profiled latencies)",
         description="Runs the same policy objects as the live sidecar on simulated time. Prints a summary; "
                     "--json prints one JSON object.")
-    p.add_argument("--policy", choices=POLICY_CHOICES, default="slackfit",
+    p.add_argument("--policy", choices=[*sorted(POLICIES), "optimal"], default="slackfit",
                    help="scheduling policy; 'optimal' solves the offline ZILP (small traces only)")
     p.add_argument("--profile", type=Path, required=True, help="profile JSON (e.g. profiles/superserve_paper.json)")
     p.add_argument("--trace", type=Path, required=True, help="trace file: one 'arrival_s[,slo_ms[,payload]]' per line")
@@ -35,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--latency-noise", choices=("none", "tail"), default="none",
                    help="batch latency: the profiled p50, or lognormal samples between p50 and p99")
     p.add_argument("--seed", type=int, default=0, help="seed of the latency noise (default: 0)")
-    p.add_argument("--time-step-us", type=int, default=1000, help="ZILP time grid for --policy optimal")
+    p.add_argument("--time-step-us", type=int, default=1000,
+                   help="ZILP time grid for --policy optimal; with --bound upper at most the shortest latency")
+    p.add_argument("--bound", choices=("upper", "feasible"), default="upper",
+                   help="--policy optimal: 'upper' (default) rounds the grid outwards, so no policy can beat "
+                        "its objective; 'feasible' rounds inwards, a runnable schedule and a lower bound on "
+                        "the continuous-time optimum")
     p.add_argument("--dynamics-csv", type=Path, help="write per-second dynamics (ingest, accuracy, batch, attainment)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
     fail_at = tuple(float(t) for t in args.fail_at.split(",") if t.strip())
     if args.policy == "optimal":
-        summary = _optimal(args, profile, arrival_us, deadline_us)
+        summary = _optimal(args, profile, arrival_us, deadline_us, fail_at)
     else:
         summary = _simulate(args, profile, arrival_us, deadline_us, fail_at)
     summary = {"policy": args.policy, "workers": args.workers, **summary}
@@ -96,17 +102,29 @@ def write_dynamics(dynamics: dict[str, np.ndarray], path: Path) -> None:
             writer.writerow([f"{x:.6g}" for x in row])
 
 
-def _optimal(args, profile, arrival_us, deadline_us) -> dict:
+def _optimal(args, profile, arrival_us, deadline_us, fail_at) -> dict:
     from scheduler_sidecar.optimal import solve_optimal
 
+    ignored = [flag for flag, used in (("--fail-at", fail_at),
+                                       ("--late-queries serve", args.late_queries == "serve"),
+                                       ("--latency-noise tail", args.latency_noise == "tail"),
+                                       ("--dynamics-csv", args.dynamics_csv)) if used]
+    if ignored:
+        raise ValueError(f"--policy optimal does not support {', '.join(ignored)}: the ZILP assumes healthy "
+                         "workers, p50 latencies and late queries dropped, and has no dynamics; "
+                         "remove the option")
     if len(arrival_us) > MAX_OPTIMAL_QUERIES:
         raise ValueError(f"--policy optimal solves a time-indexed ZILP; {len(arrival_us)} queries is too many "
                          f"(at most {MAX_OPTIMAL_QUERIES}); cut the trace")
     result = solve_optimal(arrival_us.tolist(), deadline_us.tolist(), profile, workers=args.workers,
-                           device=args.device, time_step_us=args.time_step_us)
+                           device=args.device, time_step_us=args.time_step_us, bound=args.bound)
     n = len(arrival_us)
+    # as the simulator's: the last completion or arrival (completions on the grid, relaxed for --bound upper)
+    end_us = max([int(arrival_us.max(initial=0))] + [b.finish_us for b in result.batches])
+    # late is 0 by construction: the ILP serves a query only within its deadline (1e), else drops it
     return {"queries": n, "met": result.served, "late": 0, "dropped": n - result.served,
             "slo_attainment": result.served / n if n else 0.0,
             "mean_serving_accuracy": result.objective / result.served if result.served else 0.0,
-            "objective": result.objective, "solver": result.solver, "status": result.status,
-            "sim_seconds": float(max(arrival_us.max(initial=0), 0)) / 1e6}
+            "objective": result.objective, "best_bound": result.best_bound, "bound": result.bound,
+            "time_step_us": result.time_step_us, "solver": result.solver, "status": result.status,
+            "sim_seconds": end_us / 1e6}

@@ -2,7 +2,7 @@
 
 NOTE on the model. Workers run one batch at a time. Events are arrivals (read in order
 from the trace), completions and worker failures, processed in time order with ties broken
-deterministically (completions, then failures, then arrivals; then by sequence number).
+deterministically (completions, failures, wakeups, then arrivals; then by sequence number).
 After every event the policy is asked to decide until it returns an empty decision, exactly
 as the live sidecar does. A batch takes the profiled p50 latency of (variant, batch size),
 or, with ``latency_noise="tail"``, a lognormal sample whose median is p50 and whose 99th
@@ -36,6 +36,13 @@ class SimConfig:
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
 
 
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    start_us: int
+    batch_size: int
+    variant_id: str
+
+
 @dataclass
 class SimResult:
     """Per-query outcomes as parallel arrays (query id = index), and the run's counters."""
@@ -49,7 +56,7 @@ class SimResult:
     variant: list[str | None]
     decisions: int
     wall_s: float
-    batches: list[tuple[int, int, str]] = field(default_factory=list)  # (start_us, batch size, variant)
+    batches: list[BatchRecord] = field(default_factory=list)  # every dispatched batch, retried ones too
 
     def count(self, outcome: Outcome) -> int:
         return int(np.count_nonzero(self.outcome == OUTCOME_CODES[outcome]))
@@ -66,7 +73,7 @@ class SimResult:
             "failed": self.count(Outcome.FAILED),
             "slo_attainment": float(met.mean()) if n else 0.0,
             "mean_serving_accuracy": float(self.accuracy[met].mean()) if met.any() else 0.0,
-            "mean_batch_size": float(np.mean([b for _, b, _ in self.batches])) if self.batches else 0.0,
+            "mean_batch_size": float(np.mean([b.batch_size for b in self.batches])) if self.batches else 0.0,
             "decisions": self.decisions,
             "sim_seconds": end_us / 1e6,
             "wall_seconds": self.wall_s,
@@ -90,12 +97,13 @@ class SimResult:
         ingest = np.histogram(self.arrival_us, edges)[0] / bin_s
         met = self.outcome == OUTCOME_CODES[Outcome.MET]
         by_arrival = np.minimum((self.arrival_us / (bin_s * 1e6)).astype(np.int64), bins - 1)
-        attainment = np.bincount(by_arrival, met, bins) / np.maximum(np.bincount(by_arrival, None, bins), 1)
+        arrivals = np.bincount(by_arrival, None, bins)
+        attainment = np.where(arrivals > 0, np.bincount(by_arrival, met, bins) / np.maximum(arrivals, 1), np.nan)
         by_finish = np.minimum((self.finish_us / (bin_s * 1e6)).astype(np.int64), bins - 1)
         acc_sum = np.bincount(by_finish[met], self.accuracy[met], bins)
         acc_n = np.bincount(by_finish[met], None, bins)
-        starts = np.array([s for s, _, _ in self.batches], dtype=np.int64)
-        sizes = np.array([b for _, b, _ in self.batches], dtype=np.float64)
+        starts = np.array([b.start_us for b in self.batches], dtype=np.int64)
+        sizes = np.array([b.batch_size for b in self.batches], dtype=np.float64)
         by_start = np.minimum((starts / (bin_s * 1e6)).astype(np.int64), bins - 1)
         batch_sum, batch_n = np.bincount(by_start, sizes, bins), np.bincount(by_start, None, bins)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -146,10 +154,11 @@ class Simulator:
         n = len(arrival)
         finish = np.full(n, -1, dtype=np.int64)
         outcome = np.full(n, -1, dtype=np.int8)
+        ends = np.zeros(n, dtype=np.int32)  # terminal outcomes recorded per query: must end at exactly 1
         accuracy = np.full(n, np.nan)
         batch_size = np.zeros(n, dtype=np.int32)
         variant: list[str | None] = [None] * n
-        batches: list[tuple[int, int, str]] = []
+        batches: list[BatchRecord] = []
         policy, queue = self.policy, EdfQueue()
         workers = [WorkerState(i, device=policy.device) for i in range(self.config.workers)]
         running: dict[int, tuple[int, str, tuple[Query, ...]]] = {}  # worker id -> (token, variant, queries)
@@ -173,6 +182,7 @@ class Simulator:
                     workers[wid] = replace(workers[wid], busy_until_us=None)
                     acc = self._accuracy[var]
                     for q in queries:
+                        ends[q.id] += 1
                         finish[q.id] = now
                         outcome[q.id] = met_code if now <= q.deadline_us else late_code
                         accuracy[q.id] = acc
@@ -193,6 +203,7 @@ class Simulator:
                             queue.push(q)
                     if not any(w.healthy for w in workers):
                         for q in list(queue.scan()):
+                            ends[q.id] += 1
                             finish[q.id], outcome[q.id] = now, OUTCOME_CODES[Outcome.FAILED]
                         queue = EdfQueue()
             else:
@@ -200,13 +211,14 @@ class Simulator:
                 q = Query(deadline_list[next_arrival], next_arrival, next_arrival, now)
                 next_arrival += 1
                 if not any(w.healthy for w in workers):
+                    ends[q.id] += 1
                     finish[q.id], outcome[q.id] = now, OUTCOME_CODES[Outcome.FAILED]
                     continue
                 queue.push(q)
                 policy.observe_arrival(now, q)
             # decide until the policy has nothing more to do
             while queue:
-                decision = policy.decide(now, queue, workers)
+                decision = policy.decide(now, queue.view(), workers)
                 decisions += 1
                 if decision.wakeup_us is not None and decision.wakeup_us > now:
                     heapq.heappush(events, (decision.wakeup_us, _WAKEUP, seq := seq + 1, None))
@@ -214,13 +226,16 @@ class Simulator:
                     break
                 dispatched, dropped = apply(decision, queue, workers, now, self._latency_us)
                 for q in dropped:
+                    ends[q.id] += 1
                     finish[q.id], outcome[q.id] = now, OUTCOME_CODES[Outcome.DROPPED]
                 for batch in dispatched:
                     d = batch.dispatch
                     seq += 1
                     running[d.worker_id] = (seq, d.variant_id, batch.queries)
                     heapq.heappush(events, (now + batch.expected_latency_us, _COMPLETION, seq, (d.worker_id, seq)))
-                    batches.append((now, len(batch.queries), d.variant_id))
-        assert not np.any(outcome < 0), "a query ended without a record"
+                    batches.append(BatchRecord(now, len(batch.queries), d.variant_id))
+        if np.any(ends != 1):
+            bad = int(np.flatnonzero(ends != 1)[0])
+            raise RuntimeError(f"query {bad} ended {ends[bad]} times; every query must end exactly once")
         return SimResult(arrival, deadline, finish, outcome, accuracy, batch_size, variant, decisions,
                          time.perf_counter() - started, batches)

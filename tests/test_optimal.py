@@ -9,6 +9,7 @@ import random
 import pulp
 import pytest
 
+from scheduler_sidecar import optimal
 from scheduler_sidecar.optimal import OptimalResult, brute_force, solve_optimal
 from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant
 
@@ -70,16 +71,46 @@ def assert_feasible(result: OptimalResult, arrival_us: list[int], deadline_us: l
     assert result.objective == pytest.approx(total, abs=1e-9)
 
 
+@pytest.mark.parametrize("bound", ["feasible", "upper"])
 @pytest.mark.parametrize("seed", range(16))
-def test_ilp_equals_brute_force_on_tiny_instances(seed: int) -> None:
-    """The ILP optimum equals the exhaustive optimum of the discretised problem; its schedule is feasible."""
+def test_ilp_equals_brute_force_on_tiny_instances(seed: int, bound: str) -> None:
+    """The ILP optimum equals the exhaustive optimum of the discretised problem; "feasible" schedules run."""
     arrival_us, deadline_us, workers = tiny_instance(seed)
-    result = solve_optimal(arrival_us, deadline_us, TWO, workers=workers)
-    assert result.status == "optimal"
-    assert result.solver == "HiGHS"
-    expected = brute_force(arrival_us, deadline_us, TWO, workers=workers)
+    result = solve_optimal(arrival_us, deadline_us, TWO, workers=workers, bound=bound)
+    assert (result.status, result.solver, result.bound) == ("optimal", "HiGHS", bound)
+    assert result.best_bound == result.objective
+    expected = brute_force(arrival_us, deadline_us, TWO, workers=workers, bound=bound)
     assert result.objective == pytest.approx(expected, abs=1e-6)
-    assert_feasible(result, arrival_us, deadline_us, TWO, workers)
+    if bound == "feasible":
+        assert_feasible(result, arrival_us, deadline_us, TWO, workers)
+    else:
+        lower = solve_optimal(arrival_us, deadline_us, TWO, workers=workers).objective
+        assert result.objective >= lower - 1e-9
+
+
+# a dominated variant (slower and less accurate than v1) and batch sizes the tiny instances cannot fill
+PRUNABLE = make_profile([(0.65, 2.0, 1.0), (0.70, 1.2, 0.6), (0.80, 3.0, 1.4)], (1, 2, 4, 8, 16))
+
+
+@pytest.mark.parametrize("bound", ["feasible", "upper"])
+@pytest.mark.parametrize("seed", range(4))
+def test_pruning_keeps_the_optimum(seed: int, bound: str) -> None:
+    """Dropping dominated configs, once and per slot, leaves the exhaustive optimum (which prunes nothing)."""
+    arrival_us, deadline_us, workers = tiny_instance(seed)
+    result = solve_optimal(arrival_us, deadline_us, PRUNABLE, workers=workers, bound=bound)
+    expected = brute_force(arrival_us, deadline_us, PRUNABLE, workers=workers, bound=bound)
+    assert result.objective == pytest.approx(expected, abs=1e-6)
+
+
+def test_undominated_matches_its_definition() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        points = [(rng.randint(1, 4), rng.choice([0.7, 0.75, 0.8]), rng.randint(1, 4))
+                  for _ in range(rng.randint(0, 12))]
+        expected = [i for i, p in enumerate(points)
+                    if not any(q[0] <= p[0] and q[1] >= p[1] and q[2] >= p[2] and (q != p or j < i)
+                               for j, q in enumerate(points) if j != i)]
+        assert optimal._undominated(points) == expected
 
 
 def test_tiny_instances_cover_the_interesting_cases() -> None:
@@ -137,6 +168,18 @@ def test_coarser_grid_never_beats_a_finer_one() -> None:
     assert_feasible(coarse, arrival_us, deadline_us, TWO, workers)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bounds_tighten_on_finer_grids(seed: int) -> None:
+    """feasible(1 ms) <= feasible(0.5 ms) <= upper(0.5 ms) <= upper(1 ms)."""
+    arrival_us, deadline_us, workers = tiny_instance(seed)
+    objective = {(bound, step): solve_optimal(arrival_us, deadline_us, TWO, workers=workers,
+                                              time_step_us=step, bound=bound).objective
+                 for bound in ("feasible", "upper") for step in (500, 1000)}
+    chain = [objective["feasible", 1000], objective["feasible", 500], objective["upper", 500],
+             objective["upper", 1000]]
+    assert all(x <= y + 1e-9 for x, y in itertools.pairwise(chain)), chain
+
+
 def test_medium_instance_is_feasible_and_optimal() -> None:
     """16 queries, 2 workers, 4 variants x batch sizes {1, 2, 4, 8}: solved to optimality within the limit."""
     rng = random.Random(7)
@@ -172,6 +215,8 @@ def test_cbc_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     ({"time_step_us": 0}, "time_step_us must be an integer >= 1"),
     ({"time_step_us": 0.5}, "time_step_us must be an integer >= 1"),
     ({"batch_sizes": []}, "batch_sizes is empty"),
+    ({"bound": "exact"}, "bound must be one of"),
+    ({"bound": "upper", "time_step_us": 2000}, "'v0' at batch size 1 takes 1800 us but time_step_us is 2000"),
 ])
 def test_invalid_inputs(kwargs: dict[str, object], match: str) -> None:
     args: dict[str, object] = {"arrival_us": [0, 1000], "deadline_us": [5000, 6000], "workers": 1} | kwargs
@@ -186,6 +231,20 @@ def test_invalid_solver_and_search_limits() -> None:
         solve_optimal([0], [5000], TWO, workers=1, time_limit_s=0)
     with pytest.raises(ValueError, match="at most 10 queries"):
         brute_force([0] * 11, [5000] * 11, TWO, workers=1)
+
+
+def test_a_model_too_large_fails_fast_and_says_how_to_cut_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(optimal, "MAX_CONFIG_SLOTS", 50)
+    with pytest.raises(ValueError, match=r"configs .* x 18 start slots .* > 50: .* cut the profile .*spread"):
+        solve_optimal([0, 1000], [20000, 21000], FOUR, workers=1)
+
+
+def test_a_time_limit_still_gives_a_valid_best_bound() -> None:
+    arrival_us, deadline_us = [0, 300, 600, 900] * 3, [14000] * 12
+    optimum = solve_optimal(arrival_us, deadline_us, FOUR, workers=2, bound="upper").objective
+    hurried = solve_optimal(arrival_us, deadline_us, FOUR, workers=2, bound="upper", time_limit_s=1e-6)
+    assert hurried.best_bound is not None and hurried.best_bound >= optimum - 1e-9
+    assert hurried.objective <= optimum + 1e-9
 
 
 def grid_profile():
@@ -216,3 +275,29 @@ def test_slackfit_never_beats_the_optimum(seed):
     slackfit = float(sim.accuracy[met].sum())
     optimum = solve_optimal(arrival, deadline, profile, workers=workers, time_step_us=1000).objective
     assert slackfit <= optimum + 1e-9
+
+
+# latencies, arrivals and deadlines off the 1 ms grid
+OFF_GRID = make_profile([(0.70, 1.37, 0.61), (0.75, 2.93, 0.87), (0.80, 4.41, 1.29)], (1, 2, 4, 8))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_no_policy_beats_the_upper_bound_off_the_grid(seed: int) -> None:
+    """Simulated in continuous time, no policy's objective exceeds the "upper" optimum of a 1 ms grid.
+
+    The "feasible" optimum is no such limit: on seeds 2 and 4 MaxAcc beats it.
+    """
+    from scheduler_sidecar.core import Outcome
+    from scheduler_sidecar.policies import POLICIES, make_policy
+    from scheduler_sidecar.simulator import OUTCOME_CODES, SimConfig, Simulator
+
+    rng = random.Random(seed)
+    arrival = sorted(rng.randrange(0, 20_000) for _ in range(rng.randrange(8, 16)))
+    deadline = [a + rng.randrange(4_000, 16_000) for a in arrival]
+    workers = rng.choice((1, 2))
+    upper = solve_optimal(arrival, deadline, OFF_GRID, workers=workers, bound="upper")
+    assert upper.status == "optimal"
+    for name in POLICIES:
+        sim = Simulator(make_policy(name, OFF_GRID), SimConfig(workers=workers)).run(arrival, deadline)
+        objective = float(sim.accuracy[sim.outcome == OUTCOME_CODES[Outcome.MET]].sum())
+        assert objective <= upper.objective + 1e-9, name

@@ -42,16 +42,16 @@ def test_online_choice_never_exceeds_the_slack():
 
 def test_light_load_serves_the_most_accurate_subnet():
     """With one query and ample slack, SlackFit serves the most accurate subnet."""
-    d = SlackFit(PROFILE).decide(0, make_queue(make_queries(n=1, slo_us=1_000_000)), make_workers(1))
+    d = SlackFit(PROFILE).decide(0, make_queue(make_queries(n=1, slo_us=1_000_000)).view(), make_workers(1))
     assert d.dispatches[0].variant_id == PROFILE.variants[-1].id
 
 
 def test_under_a_burst_batches_grow_and_accuracy_falls():
     """A long queue with shrinking slack moves SlackFit to larger batches of less accurate subnets."""
     policy = SlackFit(PROFILE)
-    light = policy.decide(0, make_queue(make_queries(n=2, slo_us=60_000)), make_workers(1)).dispatches[0]
+    light = policy.decide(0, make_queue(make_queries(n=2, slo_us=60_000)).view(), make_workers(1)).dispatches[0]
     burst = make_queries(n=64, slo_us=60_000)
-    choices = [policy.decide(waited_us, make_queue(burst), make_workers(1)).dispatches[0]
+    choices = [policy.decide(waited_us, make_queue(burst).view(), make_workers(1)).dispatches[0]
                for waited_us in (20_000, 40_000, 50_000)]
     accuracies = [PROFILE.variant(d.variant_id).accuracy for d in [light, *choices]]
     assert all(len(d.query_ids) > len(light.query_ids) for d in choices)
@@ -62,15 +62,15 @@ def test_expired_queries_are_dropped_by_default_and_served_on_request():
     """late_queries=drop drops heads no option can serve in time; serve runs them with the fastest option."""
     queries = make_queries(n=3, slo_us=500)  # slack 500 us is below every profiled latency
     for name in POLICIES:
-        d = make_policy(name, PROFILE).decide(0, make_queue(queries), make_workers(1))
+        d = make_policy(name, PROFILE).decide(0, make_queue(queries).view(), make_workers(1))
         assert d.dropped == (0, 1, 2) and not d.dispatches, name
-        d = make_policy(name, PROFILE, late_queries="serve").decide(0, make_queue(queries), make_workers(1))
+        d = make_policy(name, PROFILE, late_queries="serve").decide(0, make_queue(queries).view(), make_workers(1))
         assert not d.dropped and d.dispatches, name
 
 
 def test_no_free_worker_means_no_decision():
     for name in POLICIES:
-        assert make_policy(name, PROFILE).decide(0, make_queue(make_queries(4)), make_workers(2, busy=2)).is_empty
+        assert make_policy(name, PROFILE).decide(0, make_queue(make_queries(4)).view(), make_workers(2, busy=2)).is_empty
 
 
 @pytest.mark.parametrize("cls", [MaxAcc, MaxBatch])
@@ -90,7 +90,7 @@ def test_greedy_choices_fit_and_follow_their_priority(cls):
 def test_fixed_baselines_serve_one_variant():
     assert ClipperPlus(PROFILE, variant_id="v2").variant.id == "v2"
     assert Infaas(PROFILE).variant.id == PROFILE.variants[0].id
-    d = ClipperPlus(PROFILE).decide(0, make_queue(make_queries(n=20, slo_us=30_000)), make_workers(1))
+    d = ClipperPlus(PROFILE).decide(0, make_queue(make_queries(n=20, slo_us=30_000)).view(), make_workers(1))
     dispatch = d.dispatches[0]
     assert dispatch.variant_id == PROFILE.variants[-1].id
     assert ClipperPlus(PROFILE).latency_us(PROFILE.variants[-1], len(dispatch.query_ids)) <= 30_000

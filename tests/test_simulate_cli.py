@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from loadtest import traces
 from scheduler_sidecar.cli import main
 from tests.builders import make_profile
@@ -44,3 +46,35 @@ def test_clipper_subnet_option_and_bad_input(tmp_path, capsys):
     assert main(["simulate", "--policy", "clipper", "--clipper-subnet", "nope", "--profile", str(profile),
                  "--trace", str(trace)]) == 2
     assert "no variant 'nope'" in capsys.readouterr().err
+
+
+def tiny_optimal_inputs(tmp_path) -> tuple[str, str]:
+    profile, trace = tmp_path / "p.json", tmp_path / "t.txt"
+    make_profile(4, (1, 2, 4, 8)).save(profile)
+    traces.poisson(100, 0.1, seed=3).save(trace)  # about 10 queries
+    return str(profile), str(trace)
+
+
+def test_optimal_reports_the_upper_bound_by_default(tmp_path, capsys):
+    profile, trace = tiny_optimal_inputs(tmp_path)
+    common = ("simulate", "--policy", "optimal", "--profile", profile, "--trace", trace, "--slo-ms", "12",
+              "--json")
+    upper = run_json(capsys, *common)
+    feasible = run_json(capsys, *common, "--bound", "feasible")
+    assert set(upper) >= {"policy", "queries", "met", "late", "dropped", "slo_attainment",
+                          "mean_serving_accuracy", "objective", "best_bound", "bound", "solver", "status",
+                          "sim_seconds"}
+    assert (upper["bound"], upper["status"], upper["late"]) == ("upper", "optimal", 0)
+    assert upper["best_bound"] == upper["objective"]
+    assert upper["met"] + upper["dropped"] == upper["queries"] == len(traces.Trace.load(trace)) >= 5
+    assert feasible["bound"] == "feasible" and feasible["objective"] <= upper["objective"] + 1e-9
+    last_arrival_s = float(traces.Trace.load(trace).arrival_s.max())
+    assert last_arrival_s <= upper["sim_seconds"] <= last_arrival_s + 0.012
+
+
+@pytest.mark.parametrize("option", [("--fail-at", "0.05"), ("--late-queries", "serve"),
+                                    ("--latency-noise", "tail"), ("--dynamics-csv", "dyn.csv")])
+def test_optimal_rejects_options_it_would_ignore(tmp_path, capsys, option):
+    profile, trace = tiny_optimal_inputs(tmp_path)
+    assert main(["simulate", "--policy", "optimal", "--profile", profile, "--trace", trace, *option]) == 2
+    assert f"--policy optimal does not support {option[0]}" in capsys.readouterr().err

@@ -32,7 +32,7 @@ def test_every_query_ends_exactly_once(name):
     assert s["met"] + s["late"] + s["dropped"] + s["failed"] == s["queries"] == len(arrival)
     served = np.isin(result.outcome, [OUTCOME_CODES[Outcome.MET], OUTCOME_CODES[Outcome.LATE]])
     assert np.all(result.finish_us[served] >= result.arrival_us[served])
-    assert sum(b for _, b, _ in result.batches) >= served.sum()  # retried batches count twice
+    assert sum(b.batch_size for b in result.batches) >= served.sum()  # retried batches count twice
     assert len(result.records()) == len(arrival)
 
 

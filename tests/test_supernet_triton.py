@@ -23,13 +23,17 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 
 def infer(url: str, model: str, x: np.ndarray, control: np.ndarray | None = None) -> np.ndarray:
-    client = grpcclient.InferenceServerClient(url)
+    with grpcclient.InferenceServerClient(url) as client:
+        return client.infer(model, make_inputs(x, control)).as_numpy("LOGITS")
+
+
+def make_inputs(x: np.ndarray, control: np.ndarray | None = None) -> list:
     inputs = [grpcclient.InferInput("INPUT", list(x.shape), "FP32")]
     inputs[0].set_data_from_numpy(x)
     if control is not None:
         inputs.append(grpcclient.InferInput("CONTROL", list(control.shape), "INT32"))
         inputs[1].set_data_from_numpy(control)
-    return client.infer(model, inputs).as_numpy("LOGITS")
+    return inputs
 
 
 def static_torch_logits(fast_build, subnet_id: str, x: np.ndarray) -> np.ndarray:

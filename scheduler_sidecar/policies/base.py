@@ -7,7 +7,7 @@ options. Drivers (the discrete-event simulator and the live sidecar) call::
 
 after every arrival, every completion and every requested wakeup, and call it again until
 it returns an empty decision, applying each decision (:func:`scheduler_sidecar.core.apply`)
-before the next call. ``queue`` is the global EDF queue (read it, never mutate it);
+before the next call. ``queue`` is a read-only view of the global EDF queue;
 ``workers`` are :class:`~scheduler_sidecar.core.WorkerState` records. A policy never sleeps,
 awaits, reads the clock or does I/O: the same object runs on simulated and on wall time.
 ``observe_arrival`` and ``observe_completion`` tell it what happened, for policies that
@@ -35,7 +35,7 @@ import abc
 import enum
 from typing import ClassVar, Sequence
 
-from scheduler_sidecar.core import EMPTY, Decision, Dispatch, EdfQueue, Query, QueryRecord, WorkerState
+from scheduler_sidecar.core import EMPTY, Decision, Dispatch, QueueView, Query, QueryRecord, WorkerState
 from scheduler_sidecar.profile import Profile, Variant
 
 
@@ -67,14 +67,14 @@ class Policy(abc.ABC):
         self.overhead_us = overhead_us
 
     @abc.abstractmethod
-    def decide(self, now_us: int, queue: EdfQueue, workers: Sequence[WorkerState]) -> Decision:
+    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
         """Return what to do now: at most the dispatches that free workers can take."""
 
     def observe_arrival(self, now_us: int, query: Query) -> None:
         """A query was queued."""
 
     def observe_completion(self, now_us: int, records: Sequence[QueryRecord]) -> None:
-        """A batch finished (or failed)."""
+        """A batch finished (its queries met or missed their deadlines)."""
 
     def latency_us(self, variant: Variant, batch_size: int) -> int:
         return round(variant.latency[self.device].p50_at(batch_size) * 1000)
@@ -82,7 +82,7 @@ class Policy(abc.ABC):
     def slack_us(self, now_us: int, query: Query) -> int:
         return query.deadline_us - now_us - self.overhead_us
 
-    def drop_or_serve(self, now_us: int, queue: EdfQueue, fastest_us: int) -> Decision | None:
+    def drop_or_serve(self, now_us: int, queue: QueueView, fastest_us: int) -> Decision | None:
         """With DROP, drop every head query whose slack is below ``fastest_us``; None if the head is fine."""
         if self.late_queries is LateQueries.SERVE:
             return None
@@ -112,7 +112,7 @@ class HeadSlackPolicy(Policy):
     def fastest(self) -> tuple[str, int]:
         """The quickest option, used when LateQueries.SERVE runs a query no option fits."""
 
-    def decide(self, now_us: int, queue: EdfQueue, workers: Sequence[WorkerState]) -> Decision:
+    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
         worker = next((w for w in workers if w.is_free), None)
         if worker is None or not queue:
             return EMPTY

@@ -22,7 +22,8 @@ class _Greedy(HeadSlackPolicy):
         self.sizes = profile.variants[0].latency[self.device].batch_sizes
         # [variant index in ascending accuracy][batch index] -> latency_us
         self.table = [[self.latency_us(v, b) for b in self.sizes] for v in profile.variants]
-        self.fastest_us = min(row[0] for row in self.table)
+        self._fastest = min(range(len(self.table)), key=lambda s: (self.table[s][0], s))
+        self.fastest_us = self.table[self._fastest][0]
 
     def largest_batch(self, s: int, slack_us: int) -> int:
         """Index of the largest batch of variant ``s`` within the slack (-1: none)."""
@@ -48,7 +49,7 @@ class _Greedy(HeadSlackPolicy):
         return (self.profile.variants[picked[0]].id, self.sizes[picked[1]]) if picked else None
 
     def fastest(self) -> tuple[str, int]:
-        return self.profile.variants[0].id, self.sizes[0]
+        return self.profile.variants[self._fastest].id, self.sizes[0]
 
 
 class MaxAcc(_Greedy):
