@@ -19,7 +19,7 @@ class SupernetSpec:
     num_classes: int = 10
     stage_channels: tuple[int, ...] = (32, 64, 128)  # output channels C of each stage
     max_depths: tuple[int, ...] = (4, 4, 4)  # blocks per stage in the full network
-    width_choices: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # elastic middle-channel fractions
+    width_choices: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)  # elastic middle-channel fractions
     mid_channels: tuple[tuple[int, ...], ...] = field(default=(), compare=False)  # per block; () = full
 
     @property
