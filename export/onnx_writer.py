@@ -21,6 +21,7 @@ graphs, so the supernet and its static subnets differ only in how parameters are
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ class _Graph:
         return helper.make_graph(self.nodes, name, [], [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)])
 
 
-class _Emitter:
+class _Emitter(abc.ABC):
     """Shared network structure; subclasses decide how weights and statistics are obtained."""
 
     def conv(self, g: _Graph, x: str, module: nn.Module, out: str | None = None, inp: str | None = None) -> str:
@@ -74,11 +75,13 @@ class _Emitter:
         weight = self.conv_weight(g, module, out, inp)
         return g.op("Conv", [x, weight], strides=[stride, stride], pads=[pad] * 4)
 
+    @abc.abstractmethod
     def conv_weight(self, g: _Graph, module: nn.Module, out: str | None, inp: str | None) -> str:
-        raise NotImplementedError
+        """The weight tensor of ``module``, sliced to ``out`` output and ``inp`` input channels if given."""
 
+    @abc.abstractmethod
     def norm(self, g: _Graph, x: str, module: nn.Module, width: str | None = None) -> str:
-        raise NotImplementedError
+        """BatchNorm of ``x`` with ``module``'s parameters (sliced to ``width`` channels if given)."""
 
     def stem(self, g: _Graph, x: str, stem: nn.Module) -> str:
         return g.op("Relu", [self.norm(g, self.conv(g, x, stem.conv), stem.bn)])
@@ -109,7 +112,7 @@ class _DynamicEmitter(_Emitter):
     """Weights are sliced to a block's width *inside* that width's branch, with constant
     bounds, so onnxruntime folds each slice at session load and runs prepacked kernels."""
 
-    def __init__(self, g: _Graph) -> None:
+    def __init__(self) -> None:
         self.weights: dict[int, str] = {}  # id(tensor) -> initialiser name, shared by all branches
 
     def shared(self, g: _Graph, tensor: torch.Tensor, hint: str) -> str:
@@ -186,7 +189,7 @@ def supernet_model(act: SubNetAct, name: str = "supernet") -> onnx.ModelProto:
         raise ValueError("install SubnetNorm statistics (SubNetAct.set_norm_tables) before exporting")
     layout = act.layout
     g = _Graph()
-    emit = _DynamicEmitter(g)
+    emit = _DynamicEmitter()
     x = emit.stem(g, INPUT, act.model.stem)
     for s, stage in enumerate(act.model.stages):
         depth = g.op("Gather", [DEPTH, g.const(np.array(s), "stage")], axis=0)

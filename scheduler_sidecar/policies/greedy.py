@@ -11,6 +11,7 @@ and stepped down until it fits.
 
 from __future__ import annotations
 
+import abc
 import bisect
 from scheduler_sidecar.policies.base import HeadSlackPolicy
 from scheduler_sidecar.profile import Profile
@@ -40,9 +41,9 @@ class _Greedy(HeadSlackPolicy):
             s -= 1
         return s
 
+    @abc.abstractmethod
     def pick(self, slack_us: int) -> tuple[int, int] | None:
         """(variant index, batch index) within the slack; None if nothing fits."""
-        raise NotImplementedError
 
     def choose(self, slack_us: int) -> tuple[str, int] | None:
         picked = self.pick(slack_us)
