@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from export import onnx_writer
-from export.subnetact import BoolModule, SubnetNorm, WeightSlice, extract_subnet, insert_subnetact
+from export.subnetact import BoolModule, WeightSlice, extract_subnet, insert_subnetact
 from export.supernet import ResNetSupernet
 from python_backend.control import ControlError
 from python_backend.runners import SubnetTable, SupernetRunner
