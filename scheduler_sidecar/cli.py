@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "scheduler_sidecar.simulate_cli",
     "scheduler_sidecar.reproduce",
     "scheduler_sidecar.paper_profiles",
+    "scheduler_sidecar.serve",
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
 BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench")

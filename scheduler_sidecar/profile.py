@@ -16,6 +16,7 @@ Every error names the file and the field, e.g. ``p.json: variants[3].latency.cpu
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass, field
@@ -43,7 +44,11 @@ class LatencyCurve:
         return sum(self.p50_ms) / len(self.p50_ms)
 
     def p50_at(self, batch_size: int) -> float:
-        return self.p50_ms[self.batch_sizes.index(batch_size)]
+        """p50 of a batch of ``batch_size``: a size between profiled ones runs padded to the next one up."""
+        i = bisect.bisect_left(self.batch_sizes, batch_size)
+        if i == len(self.batch_sizes):
+            raise ValueError(f"batch size {batch_size} exceeds the largest profiled one ({self.batch_sizes[-1]})")
+        return self.p50_ms[i]
 
 
 @dataclass(frozen=True)

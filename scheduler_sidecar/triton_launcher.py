@@ -293,14 +293,7 @@ class TritonServer:
             time.sleep(READY_POLL_INTERVAL_S)
 
     def _is_ready(self) -> bool:
-        try:
-            with _DIRECT.open(f"http://{self.http_url}/v2/health/ready", timeout=1.0):
-                return True  # urllib raises HTTPError for anything but 2xx
-        except urllib.error.HTTPError as exc:  # 400 while models load
-            exc.close()
-            return False
-        except OSError:  # not listening yet
-            return False
+        return http_ready(self.http_url)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL it after `timeout_s`; safe to call twice.
@@ -346,6 +339,18 @@ class TritonServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def http_ready(http_url: str) -> bool:
+    """True if a KServe v2 server at ``host:port`` answers ``/v2/health/ready`` with 200."""
+    try:
+        with _DIRECT.open(f"http://{http_url}/v2/health/ready", timeout=1.0):
+            return True  # urllib raises HTTPError for anything but 2xx
+    except urllib.error.HTTPError as exc:  # 400 while models load
+        exc.close()
+        return False
+    except OSError:  # not listening yet
+        return False
 
 
 def _port_is_free(host: str, port: int) -> bool:

@@ -1,0 +1,98 @@
+"""The sidecar's configuration: a TOML file, with flags for the common cases.
+
+Example (every key but ``models[].name``/``profile`` and one ``workers`` entry is optional)::
+
+    host = "127.0.0.1"        # bind address of both ports
+    http_port = 8100
+    grpc_port = 8101
+    workers = ["127.0.0.1:8001"]  # Triton gRPC endpoints
+    health_interval_s = 0.5
+    admin_token = ""          # empty: the admin endpoints are off
+
+    [[models]]
+    name = "digits"            # the logical model clients address
+    profile = "build/full/profile.json"
+    policy = "slackfit"
+    default_slo_us = 50000     # when a request has no slo_us parameter
+    queue_limit = 1024         # queued requests beyond this are refused (UNAVAILABLE)
+    max_attempts = 3           # tries per request when workers fail
+    overhead_us = 300          # sidecar time the profile does not include (policies subtract it from slack)
+    [models.policy_options]
+    num_buckets = 32
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from scheduler_sidecar.policies import POLICIES
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One logical model: a profile's variants, served under ``name`` by one policy."""
+
+    name: str
+    profile: Path
+    policy: str = "slackfit"
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    default_slo_us: int = 50_000
+    queue_limit: int = 1024
+    max_attempts: int = 3
+    overhead_us: int = 300
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"model {self.name!r}: unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
+        for key in ("default_slo_us", "queue_limit", "max_attempts"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model {self.name!r}: {key} must be >= 1")
+        if self.overhead_us < 0:
+            raise ValueError(f"model {self.name!r}: overhead_us must be >= 0")
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    models: tuple[ModelSpec, ...]
+    workers: tuple[str, ...]
+    host: str = "127.0.0.1"
+    http_port: int = 8100
+    grpc_port: int = 8101
+    health_interval_s: float = 0.5
+    admin_token: str = ""  # empty: admin endpoints answer 403
+    startup_wait_s: float = 30.0  # how long to wait for the configured workers to be ready
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("the sidecar needs at least one model (a [[models]] entry or --profile)")
+        if not self.workers:
+            raise ValueError("the sidecar needs at least one Triton worker (workers = [...] or --triton)")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique: {names}")
+
+
+def load(path: Path | None, **overrides: Any) -> SidecarConfig:
+    """Read ``path`` (TOML) if given, then apply the non-None ``overrides`` (from flags)."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(SidecarConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{path or 'config'}: unknown keys {unknown}; known: {sorted(known)}")
+    model_keys = {f.name for f in fields(ModelSpec)}
+    models = []
+    for i, m in enumerate(raw.pop("models", [])):
+        if not isinstance(m, dict) or not {"name", "profile"} <= set(m) or set(m) - model_keys:
+            raise ValueError(f"{path or 'config'}: models[{i}] needs 'name' and 'profile' and only keys of "
+                             f"{sorted(model_keys)}")
+        models.append(ModelSpec(**{**m, "profile": Path(m["profile"])}))
+    return SidecarConfig(models=tuple(models), **{**raw, "workers": tuple(raw.get("workers", ()))})

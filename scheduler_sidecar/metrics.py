@@ -1,0 +1,44 @@
+"""The sidecar's Prometheus metrics (served at ``/metrics`` on the HTTP port).
+
+One registry per sidecar, so that several sidecars in one process (tests) do not collide.
+Mean serving accuracy is ``accscale_served_accuracy_sum / accscale_served_accuracy_count``
+(accuracy of the variants that answered queries within their SLO, the papers' metric);
+SLO attainment is ``met / sum over outcomes`` of ``accscale_requests_total``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Summary
+from prometheus_client import disable_created_metrics, generate_latest
+
+disable_created_metrics()  # the *_created series double the output and no dashboard reads them
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("accscale_requests", "Requests by how they ended: met/late (answered within/after "
+                                "the SLO), dropped (slack gone), rejected (refused on arrival), failed, error",
+                                ["model", "variant", "outcome"], registry=r)
+        self.served_accuracy = Summary("accscale_served_accuracy", "Profiled accuracy of the variant that served "
+                                       "each request answered within its SLO", ["model"], registry=r)
+        self.latency = Histogram("accscale_request_latency_seconds", "Arrival to answer, answered requests",
+                                 ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("accscale_queue_depth", "Queued requests", ["model"], registry=r)
+        self.batch_size = Histogram("accscale_batch_size", "Size of dispatched batches", ["model"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.decisions = Counter("accscale_decisions", "Policy decide() calls", ["model", "policy"], registry=r)
+        self.policy = Gauge("accscale_policy", "1 for the active policy of each model", ["model", "policy"],
+                            registry=r)
+        self.worker_healthy = Gauge("accscale_worker_healthy", "1 if the Triton endpoint is ready, else 0",
+                                    ["endpoint"], registry=r)
+        self.worker_failures = Counter("accscale_worker_failures", "Batches lost to a failed worker",
+                                       ["endpoint"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,308 @@
+"""The scheduler sidecar in front of real tritonservers, called with real tritonclient and perf_analyzer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException
+
+from export import data
+from scheduler_sidecar.serve import SidecarServer
+from scheduler_sidecar.triton_launcher import TritonServer
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+TOKEN = "test-token"
+SLO = {"slo_us": 200_000}
+
+
+@pytest.fixture(scope="module")
+def sidecar(fast_build, triton):
+    with SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path,
+                       extra_args=["--admin-token", TOKEN]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def images(fast_build) -> np.ndarray:
+    return data.load(fast_build.act.spec.image_size)["heldout"].images[:24]
+
+
+def grpc_input(x: np.ndarray, name: str = "INPUT", dtype: str = "FP32") -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(x.shape), dtype)
+    tensor.set_data_from_numpy(x)
+    return tensor
+
+
+def direct(fast_build, triton, variant_id: str, x: np.ndarray) -> np.ndarray:
+    """What Triton itself answers for ``x`` under the variant's control row."""
+    control = np.asarray([fast_build.profile.variant(variant_id).actuation.control], dtype=np.int32)
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        return client.infer("digits_supernet", [grpc_input(x), grpc_input(control, "CONTROL", "INT32")]).as_numpy("LOGITS")
+
+
+def assert_served(fast_build, triton, x: np.ndarray, logits: np.ndarray, params: dict) -> None:
+    assert set(params) >= {"variant", "accuracy", "queue_us", "service_us", "batch_size", "worker"}
+    variant = fast_build.profile.variant(params["variant"])
+    assert params["accuracy"] == pytest.approx(variant.accuracy)
+    assert params["queue_us"] >= 0 and params["service_us"] > 0 and params["batch_size"] >= 1
+    np.testing.assert_allclose(logits, direct(fast_build, triton, variant.id, x), rtol=1e-4, atol=1e-4)
+
+
+def grpc_params(result) -> dict:
+    return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in result.get_response().parameters.items()}
+
+
+def metrics(sidecar) -> str:
+    with urllib.request.urlopen(f"http://{sidecar.http_url}/metrics") as response:
+        return response.read().decode()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}{{(.*)}} (\S+)$", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def admin(sidecar, path: str, body: dict | None, token: str | None = TOKEN) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://{sidecar.http_url}{path}", method="POST" if body is not None else "GET",
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_grpc_answers_equal_triton_with_the_chosen_control_row(fast_build, triton, sidecar, images):
+    with grpcclient.InferenceServerClient(sidecar.grpc_url) as client:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("digits")
+        meta = client.get_model_metadata("digits", as_json=True)
+        assert [t["name"] for t in meta["inputs"]] == ["INPUT"]  # CONTROL is the sidecar's business
+        assert client.get_model_config("digits", as_json=True)["config"]["max_batch_size"] == 1
+        for x in images[:4]:
+            result = client.infer("digits", [grpc_input(x[None])], parameters=SLO, request_id="r1")
+            assert result.get_response().id == "r1"
+            assert_served(fast_build, triton, x[None], result.as_numpy("LOGITS"), grpc_params(result))
+
+
+def test_http_binary_and_json_answers(fast_build, triton, sidecar, images):
+    with httpclient.InferenceServerClient(sidecar.http_url) as client:
+        assert client.is_server_ready() and client.is_model_ready("digits")
+        assert client.get_model_config("digits")["max_batch_size"] == 1
+        for binary in (True, False):
+            x = images[:1]
+            tensor = httpclient.InferInput("INPUT", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x, binary_data=binary)
+            result = client.infer("digits", [tensor], parameters=SLO,
+                                  outputs=[httpclient.InferRequestedOutput("LOGITS", binary_data=binary)])
+            assert_served(fast_build, triton, x, result.as_numpy("LOGITS"), result.get_response()["parameters"])
+
+
+def test_asyncio_clients_concurrently(fast_build, triton, sidecar, images):
+    """24 concurrent requests from each asyncio client: the sidecar batches them, each answer is right."""
+
+    async def grpc_all():
+        async with grpcaio.InferenceServerClient(sidecar.grpc_url) as client:
+            return await asyncio.gather(*(client.infer("digits", [grpc_input(x[None])], parameters=SLO) for x in images))
+
+    async def http_all():
+        async with httpaio.InferenceServerClient(sidecar.http_url) as client:
+            def tensor(x):
+                t = httpclient.InferInput("INPUT", [1, *x.shape], "FP32")
+                t.set_data_from_numpy(x[None])
+                return t
+            return await asyncio.gather(*(client.infer("digits", [tensor(x)], parameters=SLO) for x in images))
+
+    for results, params in ((asyncio.run(grpc_all()), grpc_params), (asyncio.run(http_all()), None)):
+        for x, result in zip(images, results):
+            p = params(result) if params else result.get_response()["parameters"]
+            assert_served(fast_build, triton, x[None], result.as_numpy("LOGITS"), p)
+
+
+BAD_GRPC = [
+    ("unknown model", lambda x: ("nope", [grpc_input(x)], SLO), "StatusCode.NOT_FOUND", "unknown model"),
+    ("wrong dtype", lambda x: ("digits", [grpc_input(x.astype(np.float64), dtype="FP64")], SLO),
+     "StatusCode.INVALID_ARGUMENT", "datatype FP64, expected FP32"),
+    ("wrong shape", lambda x: ("digits", [grpc_input(np.concatenate([x, x]))], SLO),
+     "StatusCode.INVALID_ARGUMENT", "shape [2, 1, 16, 16]"),
+    ("unknown input", lambda x: ("digits", [grpc_input(x), grpc_input(x, "EXTRA")], SLO),
+     "StatusCode.INVALID_ARGUMENT", "unexpected input 'EXTRA'"),
+    ("missing input", lambda x: ("digits", [], SLO), "StatusCode.INVALID_ARGUMENT", "expects inputs ['INPUT']"),
+    ("negative slo", lambda x: ("digits", [grpc_input(x)], {"slo_us": -5}), "StatusCode.INVALID_ARGUMENT",
+     "'slo_us' must be a positive integer"),
+    ("string slo", lambda x: ("digits", [grpc_input(x)], {"slo_us": "fast"}), "StatusCode.INVALID_ARGUMENT",
+     "'slo_us' must be a positive integer"),
+    ("infeasible slo", lambda x: ("digits", [grpc_input(x)], {"slo_us": 1}), "StatusCode.INVALID_ARGUMENT",
+     "below the fastest variant"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_GRPC, ids=[c[0] for c in BAD_GRPC])
+def test_grpc_errors_name_the_problem_and_the_sidecar_keeps_serving(sidecar, images, case):
+    _, make, status, message = case
+    with grpcclient.InferenceServerClient(sidecar.grpc_url) as client:
+        model, inputs, params = make(images[:1])
+        with pytest.raises(InferenceServerException) as err:
+            client.infer(model, inputs, parameters=params)
+        assert err.value.status() == status and message in err.value.message()
+        assert client.infer("digits", [grpc_input(images[:1])], parameters=SLO).as_numpy("LOGITS").shape == (1, 10)
+
+
+BAD_HTTP = [
+    ("not json", b"{oops", {}, 400, "not JSON"),
+    ("header length past the body", b'{"inputs": []}', {"Inference-Header-Content-Length": "999"}, 400, "outside"),
+    ("binary size mismatch", json.dumps({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1, 16, 16],
+                                                     "parameters": {"binary_data_size": 2048}}]}).encode() + b"\0" * 16,
+     "header", 400, "does not fit"),
+    ("too few values", json.dumps({"inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1, 16, 16],
+                                               "data": [1.0, 2.0]}]}).encode(), {}, 400, "2 values, expected 256"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_HTTP, ids=[c[0] for c in BAD_HTTP])
+def test_http_errors(sidecar, images, case):
+    _, body, headers, status, message = case
+    if headers == "header":
+        headers = {"Inference-Header-Content-Length": str(body.index(b"}]}") + 3)}
+    request = urllib.request.Request(f"http://{sidecar.http_url}/v2/models/digits/infer", data=body, headers=headers)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request)
+    assert err.value.code == status and message in json.loads(err.value.read())["error"]
+    with httpclient.InferenceServerClient(sidecar.http_url) as client:
+        tensor = httpclient.InferInput("INPUT", [1, 1, 16, 16], "FP32")
+        tensor.set_data_from_numpy(images[:1])
+        assert client.infer("digits", [tensor]).as_numpy("LOGITS").shape == (1, 10)
+
+
+def test_metrics_count_every_request(sidecar, images):
+    before = metrics(sidecar)
+    with grpcclient.InferenceServerClient(sidecar.grpc_url) as client:
+        for x in images[:5]:
+            client.infer("digits", [grpc_input(x[None])], parameters=SLO)
+    after = metrics(sidecar)
+    answered = sum(metric(after, "accscale_requests_total", outcome=o) - metric(before, "accscale_requests_total", outcome=o)
+                   for o in ("met", "late"))
+    assert answered == 5
+    assert metric(after, "accscale_queue_depth", model="digits") == 0
+    assert metric(after, "accscale_worker_healthy") == 1
+    assert metric(after, "accscale_policy", model="digits", policy="slackfit") == 1
+    assert metric(after, "accscale_served_accuracy_count", model="digits") >= metric(before, "accscale_served_accuracy_count")
+
+
+def test_policy_switch_is_guarded_and_takes_effect(sidecar, images):
+    assert admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "maxacc"}, token=None)[0] == 403
+    assert admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "maxacc"}, token="wrong")[0] == 403
+    status, body = admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "nosuch"})
+    assert status == 400 and "unknown policy" in body["error"]
+    try:
+        status, body = admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "maxacc"})
+        assert status == 200 and body == {"model": "digits", "old": "slackfit", "policy": "maxacc"}
+        with grpcclient.InferenceServerClient(sidecar.grpc_url) as client:
+            config = client.get_model_config("digits", as_json=True)["config"]
+            assert config["parameters"]["policy"]["string_value"] == "maxacc"
+            assert client.infer("digits", [grpc_input(images[:1])], parameters=SLO).as_numpy("LOGITS").shape == (1, 10)
+        assert metric(metrics(sidecar), "accscale_decisions_total", policy="maxacc") > 0
+    finally:
+        admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "slackfit"})
+
+
+@pytest.fixture(scope="module")
+def perf_analyzer():
+    from loadtest.perf_analyzer import ensure
+
+    return ensure()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_runs_against_the_sidecar(perf_analyzer, sidecar, protocol):
+    url = sidecar.grpc_url if protocol == "grpc" else sidecar.http_url
+    # --request-parameter is gRPC-only in perf_analyzer; over HTTP the model's default SLO applies
+    slo = ["--request-parameter", "slo_us:200000:int"] if protocol == "grpc" else []
+    result = subprocess.run([str(perf_analyzer), "-m", "digits", "-u", url, "-i", protocol, *slo,
+                             "--concurrency-range", "2", "--measurement-mode", "count_windows",
+                             "--measurement-request-count", "50", "--max-trials", "3", "-s", "100"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert re.search(r"Concurrency: 2, throughput: [0-9.]+ infer/sec", result.stdout)
+
+
+def test_a_killed_worker_loses_no_request(fast_build, images):
+    """Kill one of two Tritons under load: every request is answered or gets an explicit error."""
+    with TritonServer(repository=fast_build.repository) as a, TritonServer(repository=fast_build.repository) as b, \
+            SidecarServer(workers=[a.grpc_url, b.grpc_url], profile=fast_build.profile_path,
+                          extra_args=["--admin-token", TOKEN]) as server:
+        n, killed_after = 300, 100
+
+        async def load():
+            done = 0
+            async with grpcaio.InferenceServerClient(server.grpc_url) as client:
+                async def one(i):
+                    nonlocal done
+                    try:
+                        result = await client.infer("digits", [grpc_input(images[i % len(images)][None])],
+                                                    parameters={"slo_us": 2_000_000})
+                        return grpc_params(result)["worker"]
+                    except InferenceServerException as exc:
+                        return exc.status()
+                    finally:
+                        done += 1
+                        if done == killed_after:
+                            b.stop(timeout_s=0)  # SIGTERM then SIGKILL right away: the worker is gone
+                limit = asyncio.Semaphore(16)
+
+                async def paced(i):
+                    async with limit:
+                        return await one(i)
+                return await asyncio.gather(*(paced(i) for i in range(n)))
+
+        outcomes = asyncio.run(load())
+        assert len(outcomes) == n
+        explicit = {"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"}
+        assert set(outcomes) <= {a.grpc_url, b.grpc_url} | explicit, set(outcomes)
+        # after the kill, the survivor serves what is left
+        assert outcomes[killed_after + 32:].count(a.grpc_url) > 0
+        assert b.grpc_url not in outcomes[killed_after + 32:]
+        status, body = admin(server, "/v2/admin/workers", None)
+        assert status == 200 and {w["url"]: w["healthy"] for w in body["workers"]} == {a.grpc_url: True, b.grpc_url: False}
+        assert metric(metrics(server), "accscale_worker_healthy", endpoint=b.grpc_url) == 0
+        # a new worker can be added while the sidecar runs
+        with TritonServer(repository=fast_build.repository) as c:
+            status, body = admin(server, "/v2/admin/workers", {"url": c.grpc_url})
+            assert status == 200 and body["slots"] == {"digits": 1}
+            assert metric(metrics(server), "accscale_worker_healthy", endpoint=c.grpc_url) == 1
+
+
+def test_serve_refuses_a_bad_config_with_a_clear_error(tmp_path, triton):
+    config = tmp_path / "sidecar.toml"
+    config.write_text('workers = ["127.0.0.1:1"]\ncolour = "blue"\n')
+    result = subprocess.run([sys.executable, "-m", "scheduler_sidecar.cli", "serve", "--config", str(config)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown keys ['colour']" in result.stderr
+
+
+def test_sigterm_stops_the_sidecar(fast_build, triton):
+    server = SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path)
+    server.start()
+    proc = server._proc
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    server.stop()
