@@ -30,9 +30,10 @@ COMMAND_MODULES = (
     "scheduler_sidecar.reproduce",
     "scheduler_sidecar.paper_profiles",
     "scheduler_sidecar.serve",
+    "loadtest.replay",
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
-BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench")
+BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench", "scheduler_sidecar.sidecar_bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

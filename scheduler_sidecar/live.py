@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from scheduler_sidecar.config import ModelSpec
 from scheduler_sidecar.core import Batch, EdfQueue, Outcome, Query, QueryRecord, WorkerState, apply
-from scheduler_sidecar.metrics import Metrics
+from scheduler_sidecar.metrics import Metrics, ModelMetrics
 from scheduler_sidecar.policies import Policy, make_policy
 from scheduler_sidecar.profile import Profile, Variant
 from scheduler_sidecar.protocol import Answer, Code, SidecarError, TensorSpec
@@ -71,7 +71,7 @@ class LiveModel:
         self.profile = profile
         self.inputs = {t.name: t for t in inputs}
         self.outputs = {t.name: t for t in outputs}
-        self.metrics = metrics
+        self.stats = ModelMetrics(metrics, spec.name)
         self.policy = self._make_policy(spec.policy, spec.policy_options)
         self.variants = {v.id: v for v in profile.variants}
         self.fastest_us = min(self.policy.latency_us(v, 1) for v in profile.variants)
@@ -88,7 +88,7 @@ class LiveModel:
         self._tokens = itertools.count()
         self._wakeup: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
-        metrics.policy.labels(self.name, spec.policy).set(1)
+        self.stats.policy(None, spec.policy)
 
     # ---------------------------------------------------------------- configuration
     def _make_policy(self, name: str, options: dict) -> Policy:
@@ -98,8 +98,7 @@ class LiveModel:
         """Switch policy in place (the queue is kept); returns the old policy's name."""
         policy = self._make_policy(name, options or {})
         old, self.policy = self.policy.name, policy
-        self.metrics.policy.labels(self.name, old).set(0)
-        self.metrics.policy.labels(self.name, name).set(1)
+        self.stats.policy(old, name)
         log.info("model %s: policy %s -> %s", self.name, old, name)
         self.schedule()
         return old
@@ -147,14 +146,14 @@ class LiveModel:
     async def infer(self, inputs: dict[str, bytes], slo_us: int, budget_us: int | None = None) -> Answer:
         """Queue one request and wait for its answer; raises :class:`SidecarError` if it has none."""
         if slo_us < self.fastest_us:
-            self.metrics.requests.labels(self.name, "", "rejected").inc()
+            self.stats.request("", "rejected")
             raise SidecarError(Code.INVALID_ARGUMENT, f"slo_us {slo_us} is below the fastest variant's "
                                f"batch-1 latency ({self.fastest_us} us): no variant can meet it")
         if not any(w.healthy for w in self.workers):
-            self.metrics.requests.labels(self.name, "", "rejected").inc()
+            self.stats.request("", "rejected")
             raise SidecarError(Code.UNAVAILABLE, "no healthy Triton worker")
         if len(self.queue) >= self.spec.queue_limit:
-            self.metrics.requests.labels(self.name, "", "rejected").inc()
+            self.stats.request("", "rejected")
             raise SidecarError(Code.UNAVAILABLE, f"queue full ({self.spec.queue_limit} requests queued)")
         now = now_us()
         qid = next(self._ids)
@@ -170,7 +169,7 @@ class LiveModel:
             if future.cancelled():  # the client left: free its queue entry
                 self._pending.pop(qid, None)
                 self.queue.discard(qid)
-                self.metrics.queue_depth.labels(self.name).set(len(self.queue))
+                self.stats.queue_depth.set(len(self.queue))
 
     def schedule(self) -> None:
         """Let the policy decide until it has nothing to do; start the batches it dispatches."""
@@ -181,14 +180,14 @@ class LiveModel:
             self.queue = EdfQueue()
             for qid in [q for q in self._pending if q not in self._inflight]:
                 self._fail(qid, Code.INTERNAL, f"scheduling failed: {type(exc).__name__}: {exc}", "error")
-        self.metrics.queue_depth.labels(self.name).set(len(self.queue))
+        self.stats.queue_depth.set(len(self.queue))
 
     def _schedule(self) -> None:
         now = now_us()
         policy = self.policy
         while self.queue:
             decision = policy.decide(now, self.queue.view(), self.workers)
-            self.metrics.decisions.labels(self.name, policy.name).inc()
+            self.stats.decision(policy.name)
             if decision.wakeup_us is not None and decision.wakeup_us > now:
                 self._set_wakeup(decision.wakeup_us - now)
             if decision.is_empty:
@@ -258,14 +257,14 @@ class LiveModel:
             outcome = Outcome.MET if end <= q.deadline_us else Outcome.LATE
             records.append(QueryRecord(q.id, q.arrival_us, q.deadline_us, end, outcome, variant.id,
                                        variant.accuracy, len(rows)))
-            self.metrics.requests.labels(self.name, variant.id, outcome.value).inc()
+            self.stats.request(variant.id, outcome.value)
             if outcome is Outcome.MET:
-                self.metrics.served_accuracy.labels(self.name).observe(variant.accuracy)
-            self.metrics.latency.labels(self.name).observe((end - q.arrival_us) / 1e6)
+                self.stats.served_accuracy.observe(variant.accuracy)
+            self.stats.latency.observe((end - q.arrival_us) / 1e6)
             if self._pending.pop(q.id, None) is not None and not p.future.done():
                 p.future.set_result(Answer(outputs, variant.id, variant.accuracy, start - q.arrival_us,
                                            end - start, len(rows), endpoint.url))
-        self.metrics.batch_size.labels(self.name).observe(len(rows))
+        self.stats.batch_size.observe(len(rows))
         self.policy.observe_completion(end, records)
 
     def _request(self, variant: Variant, rows: list[_Pending]) -> pb.ModelInferRequest:
@@ -302,7 +301,7 @@ class LiveModel:
             for p in rows:
                 self._fail(p.query.id, Code.from_grpc(code), f"worker {endpoint.url}: {details}", "error")
             return
-        self.metrics.worker_failures.labels(endpoint.url).inc()
+        self.stats.metrics.worker_failures.labels(endpoint.url).inc()
         if self.pool is not None:
             self.pool.mark_down(endpoint, f"{code.name}: {details}")
         now = now_us()
@@ -325,7 +324,7 @@ class LiveModel:
     def _fail(self, qid: int, code: Code, message: str, outcome: str) -> None:
         pending = self._pending.pop(qid, None)
         if pending is not None and not pending.future.done():
-            self.metrics.requests.labels(self.name, "", outcome).inc()
+            self.stats.request("", outcome)
             pending.future.set_exception(SidecarError(code, message))
 
     async def close(self) -> None:

@@ -42,3 +42,34 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ModelMetrics:
+    """One logical model's series, each looked up once: ``labels()`` takes a lock and builds a key per call."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.metrics = metrics
+        self.model = model
+        self.queue_depth = metrics.queue_depth.labels(model)
+        self.served_accuracy = metrics.served_accuracy.labels(model)
+        self.latency = metrics.latency.labels(model)
+        self.batch_size = metrics.batch_size.labels(model)
+        self._requests: dict[tuple[str, str], Counter] = {}
+        self._decisions: dict[str, Counter] = {}
+
+    def request(self, variant: str, outcome: str) -> None:
+        child = self._requests.get((variant, outcome))
+        if child is None:
+            child = self._requests[(variant, outcome)] = self.metrics.requests.labels(self.model, variant, outcome)
+        child.inc()
+
+    def decision(self, policy: str) -> None:
+        child = self._decisions.get(policy)
+        if child is None:
+            child = self._decisions[policy] = self.metrics.decisions.labels(self.model, policy)
+        child.inc()
+
+    def policy(self, old: str | None, new: str) -> None:
+        if old is not None:
+            self.metrics.policy.labels(self.model, old).set(0)
+        self.metrics.policy.labels(self.model, new).set(1)

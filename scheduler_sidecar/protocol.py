@@ -9,6 +9,7 @@ hot path. Only JSON (HTTP) and typed gRPC ``contents`` go through numpy.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -75,8 +76,8 @@ class TensorSpec:
     datatype: str
     dims: tuple[int, ...]
 
-    @property
-    def row_bytes(self) -> int:
+    @functools.cached_property
+    def row_bytes(self) -> int:  # cached: it is checked on every request
         return int(np.prod(self.dims, dtype=np.int64)) * DTYPES[self.datatype].itemsize
 
     def check(self, datatype: str, shape: tuple[int, ...], nbytes: int | None = None) -> None:

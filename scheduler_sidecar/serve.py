@@ -98,7 +98,8 @@ class SidecarServer:
     """``accscale serve`` in a subprocess on free loopback ports, ready once ``start()`` returns."""
 
     def __init__(self, *, workers: Sequence[str], profile: Path | None = None, config: Path | None = None,
-                 extra_args: Sequence[str] = (), ready_timeout_s: float = 60.0) -> None:
+                 extra_args: Sequence[str] = (), python_args: Sequence[str] = (),
+                 ready_timeout_s: float = 60.0) -> None:
         self.host = "127.0.0.1"
         self.http_port = free_port()
         self.grpc_port = free_port()
@@ -111,6 +112,7 @@ class SidecarServer:
         fd, name = tempfile.mkstemp(prefix="accscale-sidecar-", suffix=".log")
         os.close(fd)
         self.log_path = Path(name)
+        self._python_args = list(python_args)  # e.g. ["-m", "cProfile", "-o", FILE]
         self._ready_timeout_s = ready_timeout_s
         self._proc: subprocess.Popen | None = None
 
@@ -124,7 +126,8 @@ class SidecarServer:
 
     def start(self) -> None:
         with open(self.log_path, "wb") as out:
-            self._proc = subprocess.Popen([sys.executable, "-m", "scheduler_sidecar.cli", "serve", *self._args],
+            self._proc = subprocess.Popen([sys.executable, *self._python_args, "-m", "scheduler_sidecar.cli", "serve",
+                                           *self._args],
                                           stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self._ready_timeout_s
         while not http_ready(self.http_url):
