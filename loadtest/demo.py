@@ -1,68 +1,88 @@
-"""``accscale demo``: the default supernet, built once, served in place by a real Triton.
+"""``accscale demo``: the whole system on the default supernet, one bursty trace, three policies.
 
-Builds (or reuses) the full-preset supernet and its profile, starts Triton on free ports,
-sends one held-out digit through three Pareto subnets of the one supernet model (fastest,
-median, most accurate) and prints what served each answer.
+Builds (or reuses) the full-preset supernet and its profile, starts Triton and the sidecar
+on free loopback ports, replays one bursty trace with Locust for SlackFit and for two
+baselines (Clipper+ serving the most accurate subnet, and INFaaS serving the cheapest),
+switching policy live through the sidecar's admin endpoint, then writes the report
+(``accscale report``) and prints its table. Everything it started is stopped on exit,
+Ctrl-C and failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import secrets
 import time
-import numpy as np
+import urllib.request
+from pathlib import Path
 
 from export.commands import add_build_options
 
 log = logging.getLogger(__name__)
 
+POLICIES = ("slackfit", "clipper", "infaas")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="build the default supernet, serve it with Triton, query three subnets",
+    p = subparsers.add_parser("demo", help="build the default supernet, serve it through Triton and the sidecar, "
+                              "replay a bursty trace for three policies and report",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_build_options(p)
+    p.add_argument("--duration-s", type=float, default=60.0, help="trace length per policy (default: 60)")
+    p.add_argument("--base-qps", type=float, default=150.0, help="steady part of the bursty trace (default: 150)")
+    p.add_argument("--variant-qps", type=float, default=250.0, help="bursty part's mean rate (default: 250)")
+    p.add_argument("--cv2", type=float, default=8.0, help="burstiness (CV²) of the bursty part (default: 8)")
+    p.add_argument("--slo-ms", type=float, default=36.0, help="every request's SLO (default: 36, SuperServe Fig. 9)")
+    p.add_argument("--out", type=Path, help="where runs and the report go (default: runs/demo-<time>)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import tritonclient.grpc as grpcclient
-
-    from export import data
     from export.artifacts import Artifacts
     from export.presets import get_preset
     from export.profiler import SUPERNET_MODEL, export_supernet
+    from loadtest import report
+    from loadtest.loadtest_cli import loadtest
+    from loadtest.traces import bursty, with_slo
+    from scheduler_sidecar.serve import SidecarServer
     from scheduler_sidecar.triton_launcher import TritonServer
 
+    out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
     artifacts = Artifacts(get_preset(args.preset), args.build_dir)
     act = artifacts.supernet()
     calibration = artifacts.calibration(act)
     profile, kept = artifacts.profiled(act, calibration)
     export_supernet(act, kept, args.repository)  # cheap, and never serves a stale or other preset's model
-    heldout = data.load(act.spec.image_size)["heldout"]
-    x, label = heldout.images[:1], int(heldout.labels[0])
     variants = profile.variants
-    picks = [variants[0], variants[len(variants) // 2], variants[-1]]
-    device = profile.device_kinds[0]
     print(f"profile {artifacts.profile_path}: {len(variants)} Pareto subnets, top-1 "
           f"{100 * variants[0].accuracy:.2f}%..{100 * variants[-1].accuracy:.2f}%")
-    with TritonServer(repository=args.repository, models=[SUPERNET_MODEL]) as server, \
-            grpcclient.InferenceServerClient(server.grpc_url) as client:
-        print(f"triton ready at {server.grpc_url} (gRPC); querying one held-out digit (label {label})\n")
-        print(f"{'subnet (CONTROL row)':<44} {'top-1':>7} {'p50 b=1':>9} {'answer':>7} {'latency':>9}")
-        warm_up = True
-        for v in [picks[0], *picks]:  # the first call warms the model up and is not shown
-            control = np.asarray([v.actuation.control], dtype=np.int32)
-            inputs = [grpcclient.InferInput("INPUT", list(x.shape), "FP32"),
-                      grpcclient.InferInput("CONTROL", list(control.shape), "INT32")]
-            inputs[0].set_data_from_numpy(np.ascontiguousarray(x))
-            inputs[1].set_data_from_numpy(control)
-            start = time.perf_counter()
-            logits = client.infer(SUPERNET_MODEL, inputs).as_numpy("LOGITS")
-            elapsed_ms = (time.perf_counter() - start) * 1e3
-            if warm_up:
-                warm_up = False
-                continue
-            print(f"{v.id:<44} {100 * v.accuracy:6.2f}% {v.latency[device].p50_at(1):7.2f}ms "
-                  f"{int(logits.argmax()):>7} {elapsed_ms:7.2f}ms")
-    print(f"\nall three answers came from one Triton model, {SUPERNET_MODEL!r}: SubNetAct switched subnets in place")
+    trace = with_slo(bursty(args.base_qps, args.variant_qps, args.cv2, args.duration_s, seed=0), args.slo_ms)
+    trace_path = out / "trace.txt"
+    trace.save(trace_path)
+    token = secrets.token_hex(8)
+    runs = []
+    with TritonServer(repository=args.repository, models=[SUPERNET_MODEL]) as triton, \
+            SidecarServer(workers=[triton.grpc_url], profile=artifacts.profile_path,
+                          extra_args=["--admin-token", token]) as sidecar:
+        print(f"triton at {triton.grpc_url}, sidecar at {sidecar.grpc_url} (gRPC) / {sidecar.http_url} (HTTP)")
+        for policy in POLICIES:
+            _switch_policy(sidecar.http_url, token, policy)
+            print(f"\n{policy}: replaying {len(trace)} queries over {args.duration_s:g} s "
+                  f"({trace.mean_rate_qps:.0f} q/s mean, CV² {args.cv2:g})")
+            loadtest(trace_path, sidecar.grpc_url, out / policy, name=policy, slo_ms=args.slo_ms)
+            runs.append(report.Run.load(out / policy))
+    page = report.write(runs, out / "report")
+    print("\n" + report.summary_table(runs))
+    print(f"\nreport: {page}")
     return 0
+
+
+def _switch_policy(http_url: str, token: str, policy: str) -> None:
+    request = urllib.request.Request(f"http://{http_url}/v2/admin/policy", method="POST",
+                                     data=json.dumps({"model": "digits", "policy": policy}).encode(),
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request) as response:
+        log.debug("policy switch: %s", response.read().decode())

@@ -30,7 +30,8 @@ COMMAND_MODULES = (
     "scheduler_sidecar.reproduce",
     "scheduler_sidecar.paper_profiles",
     "scheduler_sidecar.serve",
-    "loadtest.replay",
+    "loadtest.loadtest_cli",
+    "loadtest.report",
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
 BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench", "scheduler_sidecar.sidecar_bench")

@@ -13,7 +13,7 @@ targets over gRPC, one after the other, in the same run:
 
 ``accscale bench fidelity``: the live system against the simulator on the same trace,
 profile, policy and worker count (DESIGN 3). The trace is replayed open loop through the
-sidecar in front of real Tritons (``accscale replay``) and simulated with the profile's
+sidecar in front of real Tritons (``accscale loadtest``) and simulated with the profile's
 p50 latencies (``accscale simulate``); the two SLO attainments and mean serving
 accuracies are printed side by side with their gaps in points.
 """
@@ -169,10 +169,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_fidelity(args: argparse.Namespace) -> int:
-    import asyncio
     import contextlib
 
-    from loadtest.replay import replay
+    from loadtest.loadtest_cli import loadtest
     from loadtest.traces import Trace, bursty
     from scheduler_sidecar.config import ModelSpec
     from scheduler_sidecar.policies import make_policy
@@ -197,7 +196,8 @@ def run_fidelity(args: argparse.Namespace) -> int:
                 workers=[t.grpc_url for t in tritons], profile=args.profile,
                 extra_args=["--policy", args.policy, "--default-slo-ms", str(args.slo_ms)]))
             progress(f"replaying {len(trace)} queries ({trace.mean_rate_qps:.0f} q/s) through the sidecar")
-            live = asyncio.run(replay(sidecar.grpc_url, "digits", trace, args.slo_ms, progress)).summary()
+            live = loadtest(trace_path, sidecar.grpc_url, Path(tmp) / "run", slo_ms=args.slo_ms,
+                            progress_s=0 if args.json else 5.0)["summary"]
         arrival_us, deadline_us = load_queries(trace_path, args.slo_ms)
     overhead_us = ModelSpec("digits", args.profile).overhead_us  # what the live policy subtracts from slack
     policy = make_policy(args.policy, profile, overhead_us=overhead_us)

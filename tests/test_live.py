@@ -206,3 +206,19 @@ def test_config_file_and_flags(tmp_path):
     path.write_text("workers = [")
     with pytest.raises(ValueError, match="c.toml"):
         sidecar_config.load(path)
+
+
+def test_every_policy_can_drive_the_live_model():
+    from scheduler_sidecar.policies import POLICIES
+
+    async def main():
+        endpoint = FakeEndpoint("a")
+        endpoint.release.set()
+        model = make_model(endpoint)
+        for name in POLICIES:
+            model.set_policy(name)
+            answer = await model.infer(row(1, 2), 1_000_000)
+            assert np.frombuffer(answer.outputs["LOGITS"], np.float32)[0] == 3
+        assert len(endpoint.batches) == len(POLICIES)
+
+    asyncio.run(main())

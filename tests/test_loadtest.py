@@ -1,0 +1,119 @@
+"""Open-loop Locust replay, its per-request log, the report, the fidelity command and the demo, on real servers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtest import report
+from loadtest.loadtest_cli import loadtest
+from loadtest.requestlog import RequestLog
+from loadtest.traces import Trace, constant, with_slo
+from scheduler_sidecar.cli import main
+from scheduler_sidecar.serve import SidecarServer
+from scheduler_sidecar.triton_launcher import TritonServer
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+SLOW_MODEL = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.3)  # one request at a time, slowly
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("LOGITS", np.zeros((1, 10), np.float32))])
+                for _ in requests]
+'''
+SLOW_CONFIG = '''name: "slow"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1, 1, 16, 16 ] } ]
+output [ { name: "LOGITS" data_type: TYPE_FP32 dims: [ 1, 10 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+
+
+def test_replay_keeps_the_arrival_schedule_against_a_slow_server(tmp_path):
+    (tmp_path / "repo" / "slow" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "slow" / "1" / "model.py").write_text(SLOW_MODEL)
+    (tmp_path / "repo" / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
+    trace_path = tmp_path / "trace.txt"
+    with_slo(constant(50.0, 0.24), 20_000.0).save(trace_path)  # 12 requests in 240 ms; answers take 0.3 s each
+    with TritonServer(repository=tmp_path / "repo") as triton:
+        loadtest(trace_path, triton.grpc_url, tmp_path / "run", model="slow", progress_s=0)
+    log = RequestLog.load(tmp_path / "run" / "requests.csv")
+    assert [e.status for e in log.entries] == ["ok"] * 12
+    sent = log.column("scheduled_s") + log.column("lag_ms") / 1e3
+    answered = log.column("scheduled_s") + log.column("latency_ms") / 1e3
+    # a closed-loop client would wait for each answer; open loop, every request leaves before the first answer
+    assert sent.max() < answered.min()
+    assert np.all(np.diff(answered) > 0)  # the server really did answer them one by one
+
+
+@pytest.fixture(scope="module")
+def recorded_run(fast_build, triton, tmp_path_factory) -> Path:
+    """A replay through the sidecar in which every fourth request asks for an impossible SLO."""
+    folder = tmp_path_factory.mktemp("runs")
+    base = constant(40.0, 1.0)
+    slo = np.where(np.arange(len(base)) % 4 == 0, 0.001, 500.0)
+    Trace(base.arrival_s, slo, base.payload_index, base.duration_s, "mixed").save(folder / "trace.txt")
+    with SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path) as sidecar:
+        loadtest(folder / "trace.txt", sidecar.grpc_url, folder / "slackfit", name="slackfit", progress_s=0)
+    return folder / "slackfit"
+
+
+def test_request_log_has_one_line_per_trace_entry_errors_included(recorded_run):
+    log = RequestLog.load(recorded_run / "requests.csv")
+    assert [e.index for e in log.entries] == list(range(40))
+    impossible = [e for e in log.entries if e.index % 4 == 0]
+    assert {e.status for e in impossible} == {"StatusCode.INVALID_ARGUMENT"}
+    served = [e for e in log.entries if e.index % 4]
+    assert all(e.status == "ok" and e.variant and e.batch_size >= 1 and e.correct in (0.0, 1.0) for e in served)
+    run = json.loads((recorded_run / "run.json").read_text())
+    assert run["summary"]["queries"] == 40 and run["summary"]["errors"] == {"StatusCode.INVALID_ARGUMENT": 10}
+    assert (recorded_run / "locust_stats.csv").exists() and (recorded_run / "locust.html").exists()
+
+
+def test_report_has_the_table_and_every_plot(recorded_run, tmp_path):
+    runs = [report.Run.load(recorded_run)]
+    page = report.write(runs, tmp_path / "report")
+    text = page.read_text()
+    assert "<table>" in text and "slackfit" in text and text.count("data:image/png;base64,") == 2
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "| run | queries | SLO attainment" in summary and "| slackfit | 40 | 0.7" in summary
+    for png in ("timeline.png", "plane.png"):
+        assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="not a run folder"):
+        report.Run.load(tmp_path)
+
+
+def test_fidelity_command_compares_live_and_simulated(fast_build, tmp_path, capsys):
+    trace = tmp_path / "trace.txt"
+    constant(30.0, 2.0).save(trace)
+    assert main(["bench", "fidelity", "--profile", str(fast_build.profile_path), "--repository",
+                 str(fast_build.repository), "--trace", str(trace), "--slo-ms", "200", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["queries"] == result["live"]["queries"] == 60
+    assert result["simulated"]["met"] + result["simulated"]["late"] + result["simulated"]["dropped"] == 60
+    assert result["attainment_gap_pts"] == pytest.approx(
+        100 * (result["live"]["slo_attainment"] - result["simulated"]["slo_attainment"]), abs=0.01)
+
+
+def test_demo_in_reduced_form(tmp_path, capsys):
+    """`make demo`, cut down: fast preset, a 4-second trace per policy."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--preset", "fast", "--build-dir", str(REPO_ROOT / "build"), "--repository",
+                 str(tmp_path / "repository"), "--duration-s", "4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"report: {out / 'report' / 'report.html'}" in printed
+    summary = (out / "report" / "summary.md").read_text()
+    for policy in ("slackfit", "clipper", "infaas"):
+        assert f"| {policy} |" in summary
+        assert RequestLog.load(out / policy / "requests.csv").summary()["queries"] == len(Trace.load(out / "trace.txt"))
