@@ -2,13 +2,16 @@
 
 The supernet graph carries SubNetAct's control flow as ONNX operators, driven by inputs:
 
-- ``DEPTH`` (int64 [M]): LayerSelect is an ``If`` per block beyond a stage's first, whose
-  else-branch forwards the block's input unchanged;
-- ``WIDTH`` (int64 [K], width-choice indices): WeightSlice is a ``Gather`` of the block's
-  channel count from a constant table, then ``Slice`` of the convolution weights, gamma and
-  beta to that many channels;
+- ``DEPTH`` (int64 [M]): LayerSelect is an ``If`` per block beyond a stage's first, nested:
+  block b and every later block of the stage sit in the then-branch of ``DEPTH[m] > b``,
+  whose else-branch forwards the input unchanged, so a shallow subnet skips the rest of a
+  stage with one ``If``;
+- ``WIDTH`` (int64 [K], width-choice indices): WeightSlice is a balanced tree of ``If`` on
+  the block's width index, one leaf per width choice, in which the convolution weights are
+  ``Slice``d with constant bounds (folded by onnxruntime when the session loads);
 - ``SUBNET`` (int64 scalar): SubnetNorm is a ``Gather`` of row SUBNET from each
-  BatchNorm's [S, C] mean and variance tables.
+  BatchNorm's [S, C] mean and variance tables (inside a width leaf, tables and gamma/beta
+  already sliced to that width when the graph is written).
 
 All weights are initialisers of the main graph, shared by every subnet. A static subnet
 is the same network with constant, physically sliced weights and no control inputs.
@@ -32,7 +35,7 @@ from torch import nn
 
 from export.subnetact import BoolModule, SubNetAct, SubnetNorm, WeightSlice
 from export.supernet import ResidualBlock, ResNetSupernet
-from python_backend.control import channels
+from python_backend.control import ControlLayout, channels
 
 OPSET = 17
 INPUT, LOGITS = "INPUT", "LOGITS"
@@ -70,23 +73,23 @@ class _Graph:
 class _Emitter(abc.ABC):
     """Shared network structure; subclasses decide how weights and statistics are obtained."""
 
-    def conv(self, g: _Graph, x: str, module: nn.Module, out: str | None = None, inp: str | None = None) -> str:
+    def conv(self, g: _Graph, x: str, module: nn.Module, out: int | None = None, inp: int | None = None) -> str:
         stride, pad = module.stride[0], module.padding[0]
         weight = self.conv_weight(g, module, out, inp)
         return g.op("Conv", [x, weight], strides=[stride, stride], pads=[pad] * 4)
 
     @abc.abstractmethod
-    def conv_weight(self, g: _Graph, module: nn.Module, out: str | None, inp: str | None) -> str:
+    def conv_weight(self, g: _Graph, module: nn.Module, out: int | None, inp: int | None) -> str:
         """The weight tensor of ``module``, sliced to ``out`` output and ``inp`` input channels if given."""
 
     @abc.abstractmethod
-    def norm(self, g: _Graph, x: str, module: nn.Module, width: str | None = None) -> str:
+    def norm(self, g: _Graph, x: str, module: nn.Module, width: int | None = None) -> str:
         """BatchNorm of ``x`` with ``module``'s parameters (sliced to ``width`` channels if given)."""
 
     def stem(self, g: _Graph, x: str, stem: nn.Module) -> str:
         return g.op("Relu", [self.norm(g, self.conv(g, x, stem.conv), stem.bn)])
 
-    def block(self, g: _Graph, x: str, block: ResidualBlock, width: str | None = None) -> str:
+    def block(self, g: _Graph, x: str, block: ResidualBlock, width: int | None = None) -> str:
         h = g.op("Relu", [self.norm(g, self.conv(g, x, block.conv1, out=width), block.bn1, width)])
         h = self.norm(g, self.conv(g, h, block.conv2, inp=width), block.bn2)
         shortcut = x
@@ -100,30 +103,40 @@ class _Emitter(abc.ABC):
 
 
 class _StaticEmitter(_Emitter):
-    def conv_weight(self, g: _Graph, module: nn.Module, out: str | None, inp: str | None) -> str:
+    def conv_weight(self, g: _Graph, module: nn.Module, out: int | None, inp: int | None) -> str:
         return g.const(module.weight, "w")
 
-    def norm(self, g: _Graph, x: str, module: nn.Module, width: str | None = None) -> str:
+    def norm(self, g: _Graph, x: str, module: nn.Module, width: int | None = None) -> str:
         params = [module.weight, module.bias, module.running_mean, module.running_var]
         return g.op("BatchNormalization", [x] + [g.const(p, "bn") for p in params], epsilon=module.eps)
 
 
 class _DynamicEmitter(_Emitter):
     """Weights are sliced to a block's width *inside* that width's branch, with constant
-    bounds, so onnxruntime folds each slice at session load and runs prepacked kernels."""
+    bounds, so onnxruntime folds each slice at session load and runs prepacked kernels.
+
+    SubnetNorm is one ``Gather`` of row SUBNET per statistic from a table that already has
+    the width of the branch it is used in (tables are sliced when the graph is written, not
+    at run time), so a norm costs two Gathers and the BatchNormalization itself.
+    """
 
     def __init__(self) -> None:
-        self.weights: dict[int, str] = {}  # id(tensor) -> initialiser name, shared by all branches
+        self.weights: dict[tuple[int, int | None], str] = {}  # (id(tensor), width) -> initialiser name
 
-    def shared(self, g: _Graph, tensor: torch.Tensor, hint: str) -> str:
-        if id(tensor) not in self.weights:
-            self.weights[id(tensor)] = g.const(tensor, hint)
-        return self.weights[id(tensor)]
+    def shared(self, g: _Graph, tensor: torch.Tensor, hint: str, width: int | None = None,
+               axis: int = 0) -> str:
+        """``tensor`` (its first ``width`` entries along ``axis`` if given) as one initialiser, shared by all branches."""
+        key = (id(tensor), width)
+        if key not in self.weights:
+            value = tensor if width is None else tensor.narrow(axis, 0, width)
+            self.weights[key] = g.const(value, hint)
+        return self.weights[key]
 
-    def slice(self, g: _Graph, tensor: str, end: str, axis: int) -> str:
-        return g.op("Slice", [tensor, g.const(np.array([0]), "start"), end, g.const(np.array([axis]), "axis")])
+    def slice(self, g: _Graph, tensor: str, end: int, axis: int) -> str:
+        return g.op("Slice", [tensor, g.const(np.array([0]), "start"), g.const(np.array([end]), "end"),
+                              g.const(np.array([axis]), "axis")])
 
-    def conv_weight(self, g: _Graph, module: WeightSlice, out: str | None, inp: str | None) -> str:
+    def conv_weight(self, g: _Graph, module: WeightSlice, out: int | None, inp: int | None) -> str:
         weight = self.shared(g, module.weight, "w")
         if out is not None:
             weight = self.slice(g, weight, out, 0)
@@ -131,12 +144,10 @@ class _DynamicEmitter(_Emitter):
             weight = self.slice(g, weight, inp, 1)
         return weight
 
-    def norm(self, g: _Graph, x: str, module: SubnetNorm, width: str | None = None) -> str:
-        params = [self.shared(g, module.weight, "gamma"), self.shared(g, module.bias, "beta")]
-        params += [g.op("Gather", [self.shared(g, t, "stats"), SUBNET], axis=0)
+    def norm(self, g: _Graph, x: str, module: SubnetNorm, width: int | None = None) -> str:
+        params = [self.shared(g, module.weight, "gamma", width), self.shared(g, module.bias, "beta", width)]
+        params += [g.op("Gather", [self.shared(g, t, "stats", width, axis=1), SUBNET], axis=0)
                    for t in (module.mean_table, module.var_table)]
-        if width is not None:
-            params = [self.slice(g, p, width, 0) for p in params]
         return g.op("BatchNormalization", [x] + params, epsilon=module.eps)
 
     def elastic_block(self, g: _Graph, x: str, switch: BoolModule, choice: str, widths: tuple[float, ...]) -> str:
@@ -145,8 +156,7 @@ class _DynamicEmitter(_Emitter):
 
         def subtree(parent: _Graph, lo: int, hi: int) -> str:
             if hi - lo == 1:
-                width = g.const(np.array([channels(widths[lo], switch.width.max_channels)]), "width")
-                return self.block(parent, x, switch.block, width)
+                return self.block(parent, x, switch.block, channels(widths[lo], switch.width.max_channels))
             mid = (lo + hi) // 2
             low, high = _Graph(g), _Graph(g)
             low_out, high_out = subtree(low, lo, mid), subtree(high, mid, hi)
@@ -183,6 +193,26 @@ def static_model(net: ResNetSupernet, name: str = "subnet") -> onnx.ModelProto:
     return _model(g, [_image_input(net.spec.image_size)], net.spec.num_classes, name)
 
 
+def _stage(g: _Graph, parent: _Graph, emit: _DynamicEmitter, x: str, switches: list[BoolModule],
+           layout: ControlLayout, stage: int, depth: str, b: int) -> str:
+    """Blocks ``b..`` of ``stage`` emitted into ``parent``. LayerSelect: a block beyond the first
+    and every block after it sit in the then-branch of one ``If`` (DEPTH[stage] > b), so a
+    shallow subnet skips the rest of a stage in one step (the first block always runs)."""
+    if b == len(switches):
+        return x
+    target = parent if b == 0 else _Graph(g)
+    choice = target.op("Gather", [WIDTH, g.const(np.array(layout.block_index(stage, b)), "block")], axis=0)
+    y = emit.elastic_block(target, x, switches[b], choice, layout.width_choices)
+    y = _stage(g, target, emit, y, switches, layout, stage, depth, b + 1)
+    if b == 0:
+        return y
+    skip = _Graph(g)
+    skipped = skip.op("Identity", [x])
+    return parent.op("If", [parent.op("Greater", [depth, g.const(np.array(b), "b")])],
+                     then_branch=target.branch_graph("block_run", y),
+                     else_branch=skip.branch_graph("block_skip", skipped))
+
+
 def supernet_model(act: SubNetAct, name: str = "supernet") -> onnx.ModelProto:
     """The whole supernet with SubNetAct control flow; SubnetNorm tables must be installed."""
     if act.num_calibrated == 0:
@@ -193,18 +223,7 @@ def supernet_model(act: SubNetAct, name: str = "supernet") -> onnx.ModelProto:
     x = emit.stem(g, INPUT, act.model.stem)
     for s, stage in enumerate(act.model.stages):
         depth = g.op("Gather", [DEPTH, g.const(np.array(s), "stage")], axis=0)
-        for b, switch in enumerate(stage):
-            branch = _Graph(g) if b > 0 else g
-            choice = branch.op("Gather", [WIDTH, g.const(np.array(layout.block_index(s, b)), "block")], axis=0)
-            y = emit.elastic_block(branch, x, switch, choice, layout.width_choices)
-            if b == 0:  # LayerSelect never skips a stage's first block
-                x = y
-                continue
-            skip = _Graph(g)
-            skipped = skip.op("Identity", [x])
-            x = g.op("If", [g.op("Greater", [depth, g.const(np.array(b), "b")])],
-                     then_branch=branch.branch_graph("block_run", y),
-                     else_branch=skip.branch_graph("block_skip", skipped))
+        x = _stage(g, g, emit, x, list(stage), layout, s, depth, 0)
     g.nodes.append(helper.make_node("Identity", [emit.head(g, x, act.model.head)], [LOGITS]))
     inputs = [
         _image_input(act.spec.image_size),

@@ -126,8 +126,7 @@ def search(act: SubNetAct, preset: Preset) -> Calibration:
     rng = random.Random(preset.seed + 1)
     split = data.load(act.spec.image_size)
     calib = torch.from_numpy(split["train"].images[:CALIBRATION_IMAGES])
-    heldout = torch.from_numpy(split["heldout"].images)
-    labels = torch.from_numpy(split["heldout"].labels)
+    heldout, labels = split["heldout"].images, split["heldout"].labels
     found: dict[tuple[int, ...], Candidate] = {}
     started = time.monotonic()
 
@@ -135,9 +134,8 @@ def search(act: SubNetAct, preset: Preset) -> Calibration:
         stats = act.calibrate(row, calib)
         act.set_norm_tables([stats])
         act.set_subnet(row, 0)
-        with torch.no_grad():
-            accuracy = float((act(heldout).argmax(1) == labels).float().mean())
-            static = extract_subnet(act)
+        static = extract_subnet(act)
+        accuracy = float((static_logits(static, heldout).argmax(1) == labels).mean())
         weight_bytes = 4 * sum(t.numel() for t in static.state_dict().values() if t.is_floating_point())
         found[row] = Candidate(row, act.layout.subnet_id(row), accuracy, count_macs(static, act.spec.image_size),
                                weight_bytes, stats)
@@ -160,6 +158,23 @@ def search(act: SubNetAct, preset: Preset) -> Calibration:
             continue
         evaluate(child)
     return Calibration(tuple(found.values()))
+
+
+def static_logits(static: nn.Module, images: np.ndarray, chunk: int = 256) -> np.ndarray:
+    """Logits of a static subnet over ``images``, run by onnxruntime on its ONNX export.
+
+    The same numbers as the torch module (to float rounding) at about three times the speed
+    of torch's CPU convolutions here, which is most of what a search costs.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(onnx_writer.static_model(static).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(["LOGITS"], {"INPUT": np.ascontiguousarray(images[i : i + chunk])})[0]
+                           for i in range(0, len(images), chunk)])
 
 
 def mutate(act: SubNetAct, row: tuple[int, ...], rng: random.Random) -> tuple[int, ...]:

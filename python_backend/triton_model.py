@@ -67,4 +67,6 @@ class TritonPythonModel:
         batch = np.concatenate(images) if len(images) > 1 else images[0]
         subnet_of_row = (np.concatenate(subnets) if len(subnets) > 1 else subnets[0]) if subnets else None
         logits = self.runner.run(batch, subnet_of_row)
+        if len(sizes) == 1:
+            return [logits]
         return np.split(logits, np.cumsum(sizes)[:-1])

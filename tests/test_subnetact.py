@@ -126,3 +126,29 @@ def _all_rows(act):
 
     while True:
         yield random_subnet(act, rng)
+
+
+def test_runner_maps_non_canonical_rows_to_their_subnet(tmp_path):
+    """Widths of skipped blocks are ignored; a row seen once is still validated the same way later."""
+    act = make_act()
+    rows = calibrate_random(act, 4)
+    onnx_writer.save(onnx_writer.supernet_model(act), tmp_path / "model.onnx")
+    (tmp_path / "subnets.json").write_text(SubnetTable(act.layout, tuple(rows)).to_json())
+    runner = SupernetRunner(tmp_path)
+    layout = act.layout
+    shallow = next((r for r in rows if any(d < m for d, m in zip(r, layout.max_depths))), None)
+    if shallow is None:
+        pytest.skip("no calibrated subnet skips a block")
+    spelled = list(shallow)
+    for stage, depth in enumerate(shallow[: layout.num_stages]):
+        for block in range(depth, layout.max_depths[stage]):
+            spelled[layout.num_stages + layout.block_index(stage, block)] = len(layout.width_choices) - 1
+    x = make_images(2).numpy()
+    for _ in range(2):  # the second call takes the cached path
+        np.testing.assert_array_equal(runner.infer(x, np.array([spelled] * 2, dtype=np.int32)),
+                                      runner.infer(x, np.array([shallow] * 2, dtype=np.int32)))
+    bad = list(shallow)
+    bad[layout.num_stages] = len(layout.width_choices)
+    for _ in range(2):
+        with pytest.raises(ControlError, match=r"W\[0\.0\]="):
+            runner.infer(x[:1], np.array([bad], dtype=np.int32))
