@@ -99,6 +99,8 @@ class TraceReplay(User):
         entry.variant = params["variant"].string_param if "variant" in params else ""
         entry.accuracy = params["accuracy"].double_param if "accuracy" in params else float("nan")
         entry.batch_size = params["batch_size"].int64_param if "batch_size" in params else 0
+        entry.queue_ms = params["queue_us"].int64_param / 1e3 if "queue_us" in params else float("nan")
+        entry.service_ms = params["service_us"].int64_param / 1e3 if "service_us" in params else float("nan")
         entry.correct = float(int(result.as_numpy("LOGITS").argmax()) == int(self.labels[k]))
         self._fire(entry, sent, None)
 

@@ -3,7 +3,8 @@
 ``requests.csv`` columns: ``index`` (trace line), ``scheduled_s`` (trace arrival),
 ``lag_ms`` (how late it was sent), ``latency_ms`` (scheduled arrival to answer, empty for
 errors), ``slo_ms``, ``status`` (``ok`` or the error's status), ``variant``, ``accuracy``
-(profiled, as the sidecar reported it), ``batch_size``, ``correct`` (1/0 against the
+(profiled, as the sidecar reported it), ``batch_size``, ``queue_ms`` and ``service_ms`` (the
+sidecar's split of its own time: queued, then at the worker), ``correct`` (1/0 against the
 digit's label, empty for errors).
 
 A request meets its SLO if it is answered within the SLO of its *scheduled* arrival, so a
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 COLUMNS = ("index", "scheduled_s", "lag_ms", "latency_ms", "slo_ms", "status", "variant", "accuracy",
-           "batch_size", "correct")
+           "batch_size", "queue_ms", "service_ms", "correct")
 
 
 @dataclass
@@ -37,6 +38,8 @@ class Entry:
     variant: str = ""
     accuracy: float = math.nan
     batch_size: int = 0
+    queue_ms: float = math.nan
+    service_ms: float = math.nan
     correct: float = math.nan
 
 
@@ -51,7 +54,7 @@ class RequestLog:
             for e in self.entries:
                 writer.writerow([e.index, f"{e.scheduled_s:.6f}", f"{e.lag_ms:.3f}", _num(e.latency_ms, 3),
                                  f"{e.slo_ms:g}", e.status, e.variant, _num(e.accuracy, 6), e.batch_size,
-                                 _num(e.correct, 0)])
+                                 _num(e.queue_ms, 3), _num(e.service_ms, 3), _num(e.correct, 0)])
 
     @classmethod
     def load(cls, path: Path | str) -> "RequestLog":
@@ -61,7 +64,8 @@ class RequestLog:
                 raise ValueError(f"{path}: not a request log (columns {reader.fieldnames}, expected {list(COLUMNS)})")
             return cls([Entry(int(r["index"]), float(r["scheduled_s"]), float(r["slo_ms"]), float(r["lag_ms"]),
                               _float(r["latency_ms"]), r["status"], r["variant"], _float(r["accuracy"]),
-                              int(r["batch_size"]), _float(r["correct"])) for r in reader])
+                              int(r["batch_size"]), _float(r["queue_ms"]), _float(r["service_ms"]),
+                              _float(r["correct"])) for r in reader])
 
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(e, name) for e in self.entries])

@@ -100,10 +100,11 @@ def test_fidelity_command_compares_live_and_simulated(fast_build, tmp_path, caps
     assert main(["bench", "fidelity", "--profile", str(fast_build.profile_path), "--repository",
                  str(fast_build.repository), "--trace", str(trace), "--slo-ms", "200", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["queries"] == result["live"]["queries"] == 60
+    assert result["queries"] == result["live_client"]["queries"] == result["live_sidecar"]["queries"] == 60
     assert result["simulated"]["met"] + result["simulated"]["late"] + result["simulated"]["dropped"] == 60
-    assert result["attainment_gap_pts"] == pytest.approx(
-        100 * (result["live"]["slo_attainment"] - result["simulated"]["slo_attainment"]), abs=0.01)
+    for side in ("client", "sidecar"):
+        assert result["attainment_gap_pts"][side] == pytest.approx(
+            100 * (result[f"live_{side}"]["slo_attainment"] - result["simulated"]["slo_attainment"]), abs=0.01)
 
 
 def test_demo_in_reduced_form(tmp_path, capsys):
