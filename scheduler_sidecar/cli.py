@@ -32,9 +32,11 @@ COMMAND_MODULES = (
     "scheduler_sidecar.serve",
     "loadtest.loadtest_cli",
     "loadtest.report",
+    "scheduler_sidecar.ramsis.cli",
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
-BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench", "scheduler_sidecar.sidecar_bench")
+BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench", "scheduler_sidecar.sidecar_bench",
+                 "scheduler_sidecar.ramsis.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

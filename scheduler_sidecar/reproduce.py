@@ -51,9 +51,14 @@ class Run:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("reproduce", help="reproduce a paper's experiments in simulation",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paper", choices=("superserve",), help="which paper")
+    from scheduler_sidecar.ramsis.reproduce import register as register_ramsis
+
+    top = subparsers.add_parser("reproduce", help="reproduce a paper's experiments in simulation",
+                                description="Reproduces a paper's experiments in simulation: tables, plots and "
+                                            "summary.md. `accscale reproduce PAPER --help` lists its options.")
+    papers = top.add_subparsers(dest="paper", metavar="PAPER", required=True)
+    p = papers.add_parser("superserve", help="SuperServe Figs. 9, 10, 11a (SlackFit vs Clipper+, INFaaS)",
+                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--figure", choices=("9", "10", "11a", "all"), default="all", help="which figure (default: all)")
     p.add_argument("--profile", type=Path, default=PAPER_PROFILE, help="profile (default: the paper-scale one)")
     p.add_argument("--duration-s", type=float, default=30.0, help="trace length of Fig. 9 and 10 cells (default: 30)")
@@ -61,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulations (default: all cores)")
     p.add_argument("--out", type=Path, default=Path("runs/superserve"), help="output folder (default: runs/superserve)")
     p.set_defaults(func=run)
+    register_ramsis(papers)
 
 
 def policy_runs(profile) -> list[tuple[str, str, tuple[tuple[str, object], ...]]]:

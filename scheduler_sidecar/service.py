@@ -102,10 +102,10 @@ class Sidecar:
         model = self.model(name, version)
         return mc.ModelConfig(
             name=name, platform=PLATFORM, max_batch_size=1,
-            input=[mc.ModelInput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{_config_type(t)}"),
-                                 dims=list(t.dims)) for t in model.inputs.values()],
-            output=[mc.ModelOutput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{_config_type(t)}"),
-                                   dims=list(t.dims)) for t in model.outputs.values()],
+            input=[mc.ModelInput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.datatype}"), dims=list(t.dims))
+                   for t in model.inputs.values()],
+            output=[mc.ModelOutput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.datatype}"), dims=list(t.dims))
+                    for t in model.outputs.values()],
             parameters={"policy": mc.ModelParameter(string_value=model.policy.name),
                         "profile": mc.ModelParameter(string_value=model.profile.name)},
         )
@@ -138,10 +138,6 @@ class Sidecar:
 
     def workers(self) -> list[dict[str, object]]:
         return [{"url": e.url, "healthy": e.healthy} for e in self.pool.endpoints]
-
-
-def _config_type(t: TensorSpec) -> str:
-    return "STRING" if t.datatype == "BYTES" else t.datatype
 
 
 async def _tensors(endpoint: Endpoint, triton_model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

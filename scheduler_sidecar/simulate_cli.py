@@ -21,7 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "--json prints one JSON object.")
     p.add_argument("--policy", choices=[*sorted(POLICIES), "optimal"], default="slackfit",
                    help="scheduling policy; 'optimal' solves the offline ZILP (small traces only)")
-    p.add_argument("--profile", type=Path, required=True, help="profile JSON (e.g. profiles/superserve_paper.json)")
+    p.add_argument("--profile", type=Path, required=True,
+                   help="profile JSON (e.g. profiles/superserve_paper.json), or a RAMSIS latency summary CSV "
+                        "(profiles/ramsis/ramsis_cpu_latency.csv; it runs its p95 deterministically, digest A7)")
+    p.add_argument("--profile-set", help="CSV profile only: which profile_set (e.g. image_cloud_cpu)")
     p.add_argument("--trace", type=Path, required=True, help="trace file: one 'arrival_s[,slo_ms[,payload]]' per line")
     p.add_argument("--workers", type=int, default=1, help="number of workers (default: 1)")
     p.add_argument("--slo-ms", type=float, default=36.0,
@@ -30,8 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clipper-subnet", metavar="ID", help="the fixed variant of --policy clipper (default: most accurate)")
     p.add_argument("--fail-at", default="", metavar="T1,T2,...",
                    help="seconds at which one more worker fails (SuperServe Fig. 11a)")
-    p.add_argument("--late-queries", choices=("drop", "serve"), default="drop",
-                   help="queries no option can serve in time: drop them (default) or serve them late")
+    p.add_argument("--late-queries", choices=("drop", "serve"),
+                   help="queries no option can serve in time: drop them or serve them late (default: drop; "
+                        "serve for ramsis, jellyfish and modelswitching, which never drop in the paper)")
     p.add_argument("--num-buckets", type=int, default=32, help="SlackFit latency buckets (default: 32)")
     p.add_argument("--latency-noise", choices=("none", "tail"), default="none",
                    help="batch latency: the profiled p50, or lognormal samples between p50 and p99")
@@ -42,6 +46,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="--policy optimal: 'upper' (default) rounds the grid outwards, so no policy can beat "
                         "its objective; 'feasible' rounds inwards, a runnable schedule and a lower bound on "
                         "the continuous-time optimum")
+    r = p.add_argument_group("ramsis, jellyfish, modelswitching (RAMSIS, EuroSys '24)")
+    r.add_argument("--ramsis-policies", type=Path, metavar="DIR",
+                   help="ramsis: policy set from `accscale ramsis generate` for --workers and --slo-ms")
+    r.add_argument("--ramsis-loads", metavar="L1,L2,...",
+                   help="ramsis without --ramsis-policies: generate policies for these loads (q/s) now; "
+                        "jellyfish/modelswitching: the load grid of their choices (default: every 100 q/s up to "
+                        "the fastest model's peak throughput)")
+    r.add_argument("--load-window-ms", type=float, default=500.0,
+                   help="load monitor's moving-average window (default: 500, the paper's)")
+    r.add_argument("--latency-stat", choices=("p50_ms", "p99_ms"), default="p99_ms",
+                   help="profile latency the MDP and the baselines plan with (default: p99_ms; a CSV profile "
+                        "holds its p95 in both)")
+    r.add_argument("--ms-profile-s", type=float, default=300.0,
+                   help="modelswitching: simulated seconds per (load, model) profiling run (default: 300, the "
+                        "artifact's)")
     p.add_argument("--dynamics-csv", type=Path, help="write per-second dynamics (ingest, accuracy, batch, attainment)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -57,10 +76,21 @@ def load_queries(trace_path: Path, slo_ms: float) -> tuple[np.ndarray, np.ndarra
     return arrival_us, arrival_us + slo_us
 
 
-def run(args: argparse.Namespace) -> int:
+def load_profile(path: Path, profile_set: str | None = None):
+    """A profile JSON, or a RAMSIS summary CSV turned into one (its p95 as p50 and p99, digest A7)."""
     from scheduler_sidecar.profile import Profile
 
-    profile = Profile.load(args.profile)
+    if path.suffix.lower() == ".csv":
+        from scheduler_sidecar.ramsis.model_table import load_summary_csv, to_profile
+
+        return to_profile(load_summary_csv(path, profile_set))
+    if profile_set:
+        raise ValueError("--profile-set applies to a RAMSIS summary CSV profile only")
+    return Profile.load(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile, args.profile_set)
     arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
     fail_at = tuple(float(t) for t in args.fail_at.split(",") if t.strip())
     if args.policy == "optimal":
@@ -80,7 +110,20 @@ def _simulate(args, profile, arrival_us, deadline_us, fail_at) -> dict:
     from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.simulator import SimConfig, Simulator
 
-    options: dict[str, object] = {"device": args.device, "late_queries": args.late_queries}
+    options: dict[str, object] = {"device": args.device}
+    if args.late_queries:
+        options["late_queries"] = args.late_queries
+    if args.policy in ("ramsis", "jellyfish", "modelswitching"):
+        options.setdefault("late_queries", "serve")  # the paper never drops
+        options.update(slo_ms=args.slo_ms, workers=args.workers, window_ms=args.load_window_ms,
+                       latency_stat=args.latency_stat, loads=args.ramsis_loads)
+        if args.policy == "ramsis" and args.ramsis_policies:
+            options.update(policy_dir=args.ramsis_policies, loads=None)
+        elif args.policy == "ramsis" and not args.ramsis_loads:
+            raise ValueError("--policy ramsis needs --ramsis-policies DIR (from `accscale ramsis generate`) or "
+                             "--ramsis-loads L1,L2,... (generate the policies now)")
+        if args.policy == "modelswitching":
+            options["profile_s"] = args.ms_profile_s
     if args.policy == "slackfit":
         options["num_buckets"] = args.num_buckets
     if args.policy == "clipper" and args.clipper_subnet:

@@ -76,3 +76,12 @@ def make_workers(n: int = 1, busy: int = 0) -> list:
     from scheduler_sidecar.core import WorkerState
 
     return [WorkerState(i, busy_until_us=10**9 if i < busy else None) for i in range(n)]
+
+
+# what the RAMSIS-family policies need beyond a profile: their choices depend on K and the SLO,
+# and RAMSIS generates its MDP policies in the constructor for these loads (a tiny profile: fast)
+POLICY_OPTIONS: dict[str, dict] = {
+    "ramsis": {"slo_ms": 36.0, "workers": 1, "loads": [100.0]},
+    "jellyfish": {"slo_ms": 36.0, "workers": 1},
+    "modelswitching": {"slo_ms": 36.0, "workers": 1, "loads": [100.0], "profile_s": 2.0},
+}

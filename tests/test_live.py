@@ -210,13 +210,14 @@ def test_config_file_and_flags(tmp_path):
 
 def test_every_policy_can_drive_the_live_model():
     from scheduler_sidecar.policies import POLICIES
+    from tests.builders import POLICY_OPTIONS
 
     async def main():
         endpoint = FakeEndpoint("a")
         endpoint.release.set()
         model = make_model(endpoint)
         for name in POLICIES:
-            model.set_policy(name)
+            model.set_policy(name, POLICY_OPTIONS.get(name))
             answer = await model.infer(row(1, 2), 1_000_000)
             assert np.frombuffer(answer.outputs["LOGITS"], np.float32)[0] == 3
         assert len(endpoint.batches) == len(POLICIES)

@@ -290,6 +290,7 @@ def test_no_policy_beats_the_upper_bound_off_the_grid(seed: int) -> None:
     from scheduler_sidecar.core import Outcome
     from scheduler_sidecar.policies import POLICIES, make_policy
     from scheduler_sidecar.simulator import OUTCOME_CODES, SimConfig, Simulator
+    from tests.builders import POLICY_OPTIONS
 
     rng = random.Random(seed)
     arrival = sorted(rng.randrange(0, 20_000) for _ in range(rng.randrange(8, 16)))
@@ -298,6 +299,7 @@ def test_no_policy_beats_the_upper_bound_off_the_grid(seed: int) -> None:
     upper = solve_optimal(arrival, deadline, OFF_GRID, workers=workers, bound="upper")
     assert upper.status == "optimal"
     for name in POLICIES:
-        sim = Simulator(make_policy(name, OFF_GRID), SimConfig(workers=workers)).run(arrival, deadline)
+        policy = make_policy(name, OFF_GRID, **POLICY_OPTIONS.get(name, {}))
+        sim = Simulator(policy, SimConfig(workers=workers)).run(arrival, deadline)
         objective = float(sim.accuracy[sim.outcome == OUTCOME_CODES[Outcome.MET]].sum())
         assert objective <= upper.objective + 1e-9, name

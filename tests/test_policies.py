@@ -9,7 +9,7 @@ from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.policies.fixed import ClipperPlus, Infaas
 from scheduler_sidecar.policies.greedy import MaxAcc, MaxBatch
 from scheduler_sidecar.policies.slackfit import SlackFit
-from tests.builders import make_profile, make_queries, make_queue, make_workers
+from tests.builders import POLICY_OPTIONS, make_profile, make_queries, make_queue, make_workers
 
 PROFILE = make_profile(n_variants=6, batch_sizes=tuple(range(1, 17)))
 
@@ -62,15 +62,18 @@ def test_expired_queries_are_dropped_by_default_and_served_on_request():
     """late_queries=drop drops heads no option can serve in time; serve runs them with the fastest option."""
     queries = make_queries(n=3, slo_us=500)  # slack 500 us is below every profiled latency
     for name in POLICIES:
-        d = make_policy(name, PROFILE).decide(0, make_queue(queries).view(), make_workers(1))
+        d = make_policy(name, PROFILE, **POLICY_OPTIONS.get(name, {})).decide(0, make_queue(queries).view(),
+                                                                         make_workers(1))
         assert d.dropped == (0, 1, 2) and not d.dispatches, name
-        d = make_policy(name, PROFILE, late_queries="serve").decide(0, make_queue(queries).view(), make_workers(1))
+        d = make_policy(name, PROFILE, late_queries="serve", **POLICY_OPTIONS.get(name, {})).decide(
+            0, make_queue(queries).view(), make_workers(1))
         assert not d.dropped and d.dispatches, name
 
 
 def test_no_free_worker_means_no_decision():
     for name in POLICIES:
-        assert make_policy(name, PROFILE).decide(0, make_queue(make_queries(4)).view(), make_workers(2, busy=2)).is_empty
+        policy = make_policy(name, PROFILE, **POLICY_OPTIONS.get(name, {}))
+        assert policy.decide(0, make_queue(make_queries(4)).view(), make_workers(2, busy=2)).is_empty
 
 
 @pytest.mark.parametrize("cls", [MaxAcc, MaxBatch])

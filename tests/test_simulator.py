@@ -6,7 +6,7 @@ import pytest
 from scheduler_sidecar.core import Outcome
 from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.simulator import OUTCOME_CODES, SimConfig, Simulator
-from tests.builders import make_profile
+from tests.builders import POLICY_OPTIONS, make_profile
 
 PROFILE = make_profile(n_variants=5, batch_sizes=tuple(range(1, 17)))
 
@@ -27,7 +27,8 @@ def test_every_query_ends_exactly_once(name):
     """met + late + dropped + failed == queries, for every policy, with failures and noise."""
     arrival = bursty_arrivals()
     config = SimConfig(workers=3, seed=1, latency_noise="tail", fail_at_s=(0.5, 1.0))
-    result = Simulator(make_policy(name, PROFILE), config).run(arrival, arrival + 30_000)
+    policy = make_policy(name, PROFILE, **POLICY_OPTIONS.get(name, {}))
+    result = Simulator(policy, config).run(arrival, arrival + 30_000)
     s = result.summary()
     assert s["met"] + s["late"] + s["dropped"] + s["failed"] == s["queries"] == len(arrival)
     served = np.isin(result.outcome, [OUTCOME_CODES[Outcome.MET], OUTCOME_CODES[Outcome.LATE]])

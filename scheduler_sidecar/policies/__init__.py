@@ -5,10 +5,12 @@ from __future__ import annotations
 from scheduler_sidecar.policies.base import LateQueries, Policy
 from scheduler_sidecar.policies.fixed import ClipperPlus, Infaas
 from scheduler_sidecar.policies.greedy import MaxAcc, MaxBatch
+from scheduler_sidecar.policies.ramsis import JellyfishPlus, ModelSwitching, Ramsis
 from scheduler_sidecar.policies.slackfit import SlackFit
 from scheduler_sidecar.profile import Profile
 
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (SlackFit, MaxAcc, MaxBatch, ClipperPlus, Infaas)}
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (SlackFit, MaxAcc, MaxBatch, ClipperPlus, Infaas, Ramsis,
+                                                    JellyfishPlus, ModelSwitching)}
 
 
 def make_policy(name: str, profile: Profile, **options: object) -> Policy:
