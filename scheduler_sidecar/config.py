@@ -17,6 +17,7 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
     queue_limit = 1024         # queued requests beyond this are refused (UNAVAILABLE)
     max_attempts = 3           # tries per request when workers fail
     overhead_us = 300          # sidecar time the profile does not include (policies subtract it from slack)
+    latency_calibration = true # re-plan when batches run slower or faster than profiled (see live.py)
     [models.policy_options]
     num_buckets = 32
 """
@@ -43,6 +44,9 @@ class ModelSpec:
     queue_limit: int = 1024
     max_attempts: int = 3
     overhead_us: int = 300
+    # re-plan with the profile's latencies scaled by how much slower (or faster) batches really run;
+    # off for policies that are expensive to build (ramsis generates MDPs) or must follow the profile exactly
+    latency_calibration: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -9,6 +9,15 @@ consistent queue. Each dispatched batch runs as its own task: one ``ModelInfer``
 slot's endpoint with the rows concatenated and the variant's control row (supernet) or
 model name (separate models), and its output split back into one answer per request.
 
+Latency calibration (``ModelSpec.latency_calibration``, on by default). A profile is
+measured on an idle worker; under load, on a shared CPU, batches can run well over their
+profiled p50, and a policy that trusts the profile then plans batches that miss their
+deadlines. The driver keeps the ratio of each batch's measured service time to its profiled
+p50 over the last ``CALIBRATION_WINDOW`` batches and, when the window's 90th percentile
+moves more than ``CALIBRATION_TOLERANCE`` from the factor in use, rebuilds the policy on the
+profile scaled by it. The policy stays a pure function of what it is given; only its input
+is corrected.
+
 Every request ends exactly once: answered (met or late), dropped by the policy
 (DEADLINE_EXCEEDED), refused on arrival (INVALID_ARGUMENT/UNAVAILABLE), or failed. A batch
 whose worker fails goes back to the queue while its requests have attempts and time left,
@@ -19,6 +28,7 @@ queue (or its answer discarded if it is already running).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -43,6 +53,10 @@ CONTROL_INPUT = "CONTROL"  # the supernet models' control tensor (DESIGN 4.2), f
 RPC_GRACE_S = 2.0  # a worker RPC may run this long past its batch's last deadline before it is abandoned
 # worker errors that mean the worker is gone (its batch is retried elsewhere); others are relayed
 WORKER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
+CALIBRATION_WINDOW = 64  # batches whose measured/profiled latency ratio is kept
+CALIBRATION_QUANTILE = 90  # plan with a factor most batches stay under
+CALIBRATION_TOLERANCE = 0.1  # re-plan when that factor moves by more than 10%
+CALIBRATION_BOUNDS = (0.5, 10.0)  # a factor outside these means a broken measurement, not a slow worker
 
 
 def now_us() -> int:
@@ -72,7 +86,10 @@ class LiveModel:
         self.inputs = {t.name: t for t in inputs}
         self.outputs = {t.name: t for t in outputs}
         self.stats = ModelMetrics(metrics, spec.name)
-        self.policy = self._make_policy(spec.policy, spec.policy_options)
+        self.latency_scale = 1.0
+        self._ratios: collections.deque[float] = collections.deque(maxlen=CALIBRATION_WINDOW)
+        self._policy_spec = (spec.policy, dict(spec.policy_options))
+        self.policy = self._make_policy(*self._policy_spec)
         self.variants = {v.id: v for v in profile.variants}
         self.fastest_us = min(self.policy.latency_us(v, 1) for v in profile.variants)
         self._control = {v.id: np.asarray(v.actuation.control, np.int32).tobytes()
@@ -92,11 +109,13 @@ class LiveModel:
 
     # ---------------------------------------------------------------- configuration
     def _make_policy(self, name: str, options: dict) -> Policy:
-        return make_policy(name, self.profile, **{"overhead_us": self.spec.overhead_us, **options})
+        profile = self.profile if self.latency_scale == 1.0 else self.profile.scaled(self.latency_scale)
+        return make_policy(name, profile, **{"overhead_us": self.spec.overhead_us, **options})
 
     def set_policy(self, name: str, options: dict | None = None) -> str:
         """Switch policy in place (the queue is kept); returns the old policy's name."""
         policy = self._make_policy(name, options or {})
+        self._policy_spec = (name, dict(options or {}))
         old, self.policy = self.policy.name, policy
         self.stats.policy(old, name)
         log.info("model %s: policy %s -> %s", self.name, old, name)
@@ -266,6 +285,20 @@ class LiveModel:
                                            end - start, len(rows), endpoint.url))
         self.stats.batch_size.observe(len(rows))
         self.policy.observe_completion(end, records)
+        if self.spec.latency_calibration:
+            self._calibrate(variant, len(rows), end - start)
+
+    def _calibrate(self, variant: Variant, batch_size: int, service_us: int) -> None:
+        profiled_us = variant.latency[self.policy.device].p50_at(batch_size) * 1000
+        self._ratios.append(service_us / profiled_us)
+        if len(self._ratios) < CALIBRATION_WINDOW:
+            return
+        factor = float(np.clip(np.percentile(self._ratios, CALIBRATION_QUANTILE), *CALIBRATION_BOUNDS))
+        if abs(factor / self.latency_scale - 1) > CALIBRATION_TOLERANCE:
+            log.info("model %s: batches run %.2fx their profiled latency; re-planning", self.name, factor)
+            self.latency_scale = factor
+            self.stats.latency_scale.set(factor)
+            self.policy = self._make_policy(*self._policy_spec)
 
     def _request(self, variant: Variant, rows: list[_Pending]) -> pb.ModelInferRequest:
         act = variant.actuation

@@ -37,6 +37,8 @@ class Metrics:
                             registry=r)
         self.worker_healthy = Gauge("accscale_worker_healthy", "1 if the Triton endpoint is ready, else 0",
                                     ["endpoint"], registry=r)
+        self.latency_scale = Gauge("accscale_latency_scale", "Measured over profiled batch latency the policy plans "
+                                   "with (latency calibration; 1 until measured)", ["model"], registry=r)
         self.worker_failures = Counter("accscale_worker_failures", "Batches lost to a failed worker",
                                        ["endpoint"], registry=r)
 
@@ -54,6 +56,8 @@ class ModelMetrics:
         self.served_accuracy = metrics.served_accuracy.labels(model)
         self.latency = metrics.latency.labels(model)
         self.batch_size = metrics.batch_size.labels(model)
+        self.latency_scale = metrics.latency_scale.labels(model)
+        self.latency_scale.set(1.0)
         self._requests: dict[tuple[str, str], Counter] = {}
         self._decisions: dict[str, Counter] = {}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -98,6 +98,14 @@ class Profile:
             free = [v for v in self.variants if v not in picked]
             picked.append(min(free, key=lambda v: (abs(v.accuracy - target), v.id)))
         return sorted(picked, key=lambda v: v.accuracy)
+
+    def scaled(self, factor: float) -> "Profile":
+        """The same profile with every latency multiplied by ``factor`` (the sidecar's latency calibration)."""
+        def curve(c: LatencyCurve) -> LatencyCurve:
+            return LatencyCurve(c.batch_sizes, tuple(x * factor for x in c.p50_ms), tuple(x * factor for x in c.p99_ms))
+
+        return replace(self, variants=tuple(replace(v, latency={d: curve(c) for d, c in v.latency.items()})
+                                            for v in self.variants))
 
     def dominated(self, device: str) -> list[str]:
         """Ids of variants dominated by another (>= accuracy, <= mean p50 latency, one strict)."""

@@ -223,3 +223,23 @@ def test_every_policy_can_drive_the_live_model():
         assert len(endpoint.batches) == len(POLICIES)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+def test_latency_calibration_replans_with_measured_latencies(calibrate):
+    """The fake worker answers at once, far under the profiled 1.5 ms+: the policy re-plans on a faster profile."""
+    from scheduler_sidecar.live import CALIBRATION_BOUNDS, CALIBRATION_WINDOW
+
+    async def main():
+        endpoint = FakeEndpoint("a")
+        endpoint.release.set()
+        model = make_model(endpoint, latency_calibration=calibrate)
+        profiled = model.policy.profile.variants[0].latency["cpu"].p50_ms[0]
+        for _ in range(CALIBRATION_WINDOW):
+            await model.infer(row(1, 1), 1_000_000)
+        expected = CALIBRATION_BOUNDS[0] if calibrate else 1.0
+        assert model.latency_scale == expected
+        assert model.policy.profile.variants[0].latency["cpu"].p50_ms[0] == pytest.approx(profiled * expected)
+        assert model.policy.name == "slackfit"
+
+    asyncio.run(main())
