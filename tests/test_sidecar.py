@@ -306,3 +306,35 @@ def test_sigterm_stops_the_sidecar(fast_build, triton):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
     server.stop()
+
+
+def test_ramsis_serves_separate_triton_models_live(fast_build, triton, images, tmp_path):
+    """RAMSIS (MDP policies generated at start) picks among statically exported subnets, each its own Triton model."""
+    from export.profiler import SUPERNET_MODEL
+    from export.repository import static_model_name
+    from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant
+
+    candidates = sorted(fast_build.calibration.select(list(fast_build.static_ids)), key=lambda c: (c.accuracy, c.macs))
+    device = fast_build.profile.device_kinds[0]
+    base = fast_build.profile.variants[0].latency[device]
+    variants = tuple(  # latency grows with accuracy, as on a Pareto front
+        Variant(c.subnet_id, c.accuracy, Actuation("model", static_model_name(SUPERNET_MODEL, c.subnet_id)),
+                {device: LatencyCurve(base.batch_sizes, tuple(x * (1 + i) for x in base.p50_ms),
+                                     tuple(x * (1 + i) for x in base.p99_ms))})
+        for i, c in enumerate(candidates))
+    profile_path = tmp_path / "static.json"
+    Profile("static-subnets", "tests/test_sidecar.py", variants).save(profile_path)
+    config = tmp_path / "sidecar.toml"
+    config.write_text(f'[[models]]\nname = "digits"\nprofile = "{profile_path}"\npolicy = "ramsis"\n'
+                      'latency_calibration = false\n[models.policy_options]\nslo_ms = 200.0\nworkers = 1\n'
+                      'loads = [20.0, 200.0]\n')
+    with SidecarServer(workers=[triton.grpc_url], config=config) as server, \
+            grpcclient.InferenceServerClient(server.grpc_url) as client:
+        for x in images[:6]:
+            result = client.infer("digits", [grpc_input(x[None])], parameters=SLO)
+            params = grpc_params(result)
+            assert params["variant"] in fast_build.static_ids
+            model = static_model_name(SUPERNET_MODEL, params["variant"])
+            with grpcclient.InferenceServerClient(triton.grpc_url) as direct_client:
+                expected = direct_client.infer(model, [grpc_input(x[None])]).as_numpy("LOGITS")
+            np.testing.assert_allclose(result.as_numpy("LOGITS"), expected, rtol=1e-4, atol=1e-4)
