@@ -146,12 +146,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_csv(rows: list[dict], path: Path) -> None:
-    keys = [k for k in rows[0] if k != "dynamics"]
+def write_rows(rows: list[dict], path: Path, skip: str) -> None:
+    """One CSV line per result row, every key but ``skip`` (a nested value written elsewhere)."""
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, keys, extrasaction="ignore")
+        writer = csv.DictWriter(f, [k for k in rows[0] if k != skip], extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    write_rows(rows, path, skip="dynamics")
     for r in rows:
         if "dynamics" in r:
             dyn = r["dynamics"]

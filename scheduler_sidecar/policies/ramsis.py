@@ -35,6 +35,8 @@ These classes live here, not in ``scheduler_sidecar/ramsis/``, because the regis
 
 from __future__ import annotations
 
+import abc
+
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -201,8 +203,9 @@ class _LoadGranular(Policy):
                                            for b in range(1, table.max_batch + 1))
         return [LOAD_STEP_QPS * k for k in range(1, int(peak // LOAD_STEP_QPS) + 2)]
 
+    @abc.abstractmethod
     def choose(self, table: ModelTable, load_qps: float) -> StaticChoice:
-        raise NotImplementedError
+        """The (model, max batch) this baseline runs at ``load_qps``."""
 
     def observe_arrival(self, now_us: int, query: Query) -> None:
         self.monitor.observe(now_us)

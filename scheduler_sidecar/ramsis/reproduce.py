@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from scheduler_sidecar.ramsis import LATENCY_CSV, MODELSWITCHING_CSV, TWITTER_CURVE
+from scheduler_sidecar.reproduce import write_rows
 
 log = logging.getLogger(__name__)
 
@@ -180,21 +181,13 @@ def run(args: argparse.Namespace) -> int:
         rows = list(pool.map(simulate, *zip(*[(m, k, dirs[k], args.bin_s, args.seed, args.ms_profile_s)
                                                for m, k in jobs])))
     rows.sort(key=lambda r: (METHODS.index(r["method"]), r["workers"]))
-    _write_csv(rows, args.out / "fig5.csv")
+    write_rows(rows, args.out / "fig5.csv", skip="choices")
     _plot(rows, args.out / "fig5.png")
     report = _summary(rows, args, dirs)
     (args.out / "summary.md").write_text(report + "\n")
     print(report)
     print(f"\nwrote {args.out}/summary.md, fig5.csv, fig5.png")
     return 0
-
-
-def _write_csv(rows: list[dict], path: Path) -> None:
-    keys = [k for k in rows[0] if k != "choices"]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def by_method(rows: list[dict]) -> dict[str, dict[int, dict]]:
