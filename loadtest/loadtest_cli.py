@@ -8,8 +8,8 @@ The run folder gets ``requests.csv`` (one line per trace entry, see ``loadtest.r
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -45,7 +45,7 @@ def write_payloads(path: Path, image_size: int) -> None:
 def loadtest(trace: Path, target: str, out: Path, *, name: str | None = None, model: str = "digits",
              slo_ms: float = 36.0, progress_s: float = 5.0) -> dict:
     """Run one replay into ``out``; returns its ``run.json`` content."""
-    if shutil.which("locust") is None and not (Path(sys.executable).parent / "locust").exists():
+    if importlib.util.find_spec("locust") is None:
         raise OSError("locust is not installed (pip install locust)")
     out.mkdir(parents=True, exist_ok=True)
     payloads = out / "payloads.npz"
