@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import logging
 import os
 import signal
@@ -22,7 +21,7 @@ from types import TracebackType
 from typing import Sequence
 
 from scheduler_sidecar import config as sidecar_config
-from scheduler_sidecar.triton_launcher import free_port, http_ready
+from scheduler_sidecar.triton_launcher import free_port, http_ready, log_tail
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +147,7 @@ class SidecarServer:
         self._proc = None
 
     def log_tail(self, n_lines: int = 40) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            return "".join(collections.deque(f, maxlen=n_lines))
+        return log_tail(self.log_path, n_lines)
 
     def __enter__(self) -> "SidecarServer":
         self.start()

@@ -322,11 +322,7 @@ class TritonServer:
 
     def log_tail(self, n_lines: int = 60) -> str:
         """The last `n_lines` lines Triton wrote (stdout and stderr), or "" before it wrote any."""
-        try:
-            with open(self._log_path, encoding="utf-8", errors="replace") as f:
-                return "".join(collections.deque(f, maxlen=n_lines))
-        except FileNotFoundError:
-            return ""
+        return log_tail(self._log_path, n_lines)
 
     def __enter__(self) -> Self:
         self.start()
@@ -339,6 +335,15 @@ class TritonServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def log_tail(path: Path, n_lines: int) -> str:
+    """The last `n_lines` lines of a server's log file, or "" if it has none yet."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(collections.deque(f, maxlen=n_lines))
+    except FileNotFoundError:
+        return ""
 
 
 def http_ready(http_url: str) -> bool:
