@@ -78,7 +78,8 @@ class Calibration:
 
     @classmethod
     def load(cls, path: Path, act: SubNetAct) -> "Calibration":
-        raw = np.load(path)
+        with np.load(path) as npz:
+            raw = {key: npz[key] for key in npz.files}  # an NpzFile decompresses an array on every access
         n_norms = len(act.norms)
         out = []
         for i, row in enumerate(raw["rows"]):
