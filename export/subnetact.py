@@ -126,11 +126,15 @@ class SubnetNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = x.shape[1]
         gamma, beta = self.weight[:c], self.bias[:c]
-        if self.training or self.state.calibrating:
-            if self.state.calibrating:
-                mean = x.mean(dim=(0, 2, 3))
-                var = x.var(dim=(0, 2, 3), unbiased=False)
-                self.recorded = (_pad(mean, self.num_features, 0.0), _pad(var, self.num_features, 1.0))
+        if self.state.calibrating:
+            # momentum 1 makes batch_norm leave this batch's mean and (unbiased) variance in the buffers:
+            # one pass over x, where computing them separately took three
+            mean, var = x.new_zeros(c), x.new_ones(c)
+            out = F.batch_norm(x, mean, var, gamma, beta, True, 1.0, self.eps)
+            n = x.numel() // c
+            self.recorded = (_pad(mean, self.num_features, 0.0), _pad(var * ((n - 1) / n), self.num_features, 1.0))
+            return out
+        if self.training:
             return F.batch_norm(x, None, None, gamma, beta, True, 0.0, self.eps)
         mean, var = self.current_stats(c)
         return F.batch_norm(x, mean, var, gamma, beta, False, 0.0, self.eps)

@@ -61,6 +61,24 @@ def test_subnet_norm_uses_per_subnet_statistics():
         act(make_images(1))
 
 
+def test_calibration_records_each_norms_batch_mean_and_biased_variance():
+    """SubnetNorm's statistics are the mean and biased variance of what each norm sees, per channel."""
+    act = make_act()
+    row = (2, 2, 1, 2, 2, 1, 0)
+    seen = {}
+    hooks = [n.register_forward_pre_hook(lambda m, args, j=j: seen.__setitem__(j, args[0].detach().clone()))
+             for j, n in enumerate(act.norms)]
+    stats = act.calibrate(row, make_images(32))
+    for h in hooks:
+        h.remove()
+    assert seen and len(seen) < len(act.norms)  # the skipped block's norms did not run
+    for j, x in seen.items():
+        c = x.shape[1]
+        np.testing.assert_allclose(stats.means[j][:c], x.mean(dim=(0, 2, 3)).numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(stats.variances[j][:c], x.var(dim=(0, 2, 3), unbiased=False).numpy(),
+                                   rtol=1e-4, atol=1e-6)
+
+
 def test_supernet_onnx_has_control_flow_and_matches_torch(tmp_path):
     """The exported graph carries If/Slice/Gather and equals torch for every calibrated subnet."""
     act = make_act()
