@@ -2,15 +2,15 @@
 
 ``build/<preset>/`` holds ``supernet.pt`` (trained weights), ``calibration.npz`` (every
 searched subnet with its SubnetNorm statistics and accuracy) and ``profile.json``. Each has
-a ``.stamp`` beside it: a hash of what it was built from (the preset and the data for the
-weights, the weights for the calibration, the calibration for the profile). An artifact is
-rebuilt when it is missing or its stamp no longer matches, so a changed preset or a
-retrained supernet never meets stale statistics. ``make clean`` starts over.
+a ``.stamp`` beside it: a hash of what it was built from (the training preset and the data
+for the weights, the weights and search budget for the calibration, the calibration and the
+graph writer for the profile). An artifact is rebuilt when it is missing or its stamp no
+longer matches, so a changed preset or a retrained supernet never meets stale statistics.
+``make clean`` starts over.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -18,8 +18,8 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from export import data, train
-from export.presets import DEFAULT_BUILD_DIR, Preset
+from export import data, onnx_writer, train
+from export.presets import DEFAULT_BUILD_DIR, PROFILE_REPEATS, Preset
 from export.profiler import CALIBRATION_IMAGES, Calibration, Candidate, profile_supernet, search
 from export.subnetact import SubNetAct
 from scheduler_sidecar.profile import Profile
@@ -50,7 +50,7 @@ class Artifacts:
 
     def supernet(self) -> SubNetAct:
         """The trained supernet, training it first if there is no up-to-date checkpoint."""
-        key = _hash(json.dumps(dataclasses.asdict(self.preset), sort_keys=True), repr(data.FINGERPRINT))
+        key = _hash(json.dumps(self.preset.training_fields(), sort_keys=True), repr(data.FINGERPRINT))
         if not _fresh(self.checkpoint, key):
             log.info("training the %r supernet (cached in %s)", self.preset.name, self.checkpoint)
             train.save(train.train(self.preset), self.checkpoint)
@@ -67,11 +67,12 @@ class Artifacts:
             _stamp(self.calibration_path, key)
         return Calibration.load(self.calibration_path, act)
 
-    def profiled(self, act: SubNetAct, calibration: Calibration, *, mode: str = "triton", repeats: int = 20,
+    def profiled(self, act: SubNetAct, calibration: Calibration, *, mode: str = "triton", repeats: int = PROFILE_REPEATS,
                  rebuild: bool = False, out: Path | None = None) -> tuple[Profile, list[Candidate]]:
         """The Pareto profile and its candidates, measuring first if not cached (or ``rebuild``)."""
         path = out or self.profile_path
-        key = _hash(_file_hash(self.calibration_path))
+        # the graph writer is part of the key: latency is measured on the exported graph
+        key = _hash(_file_hash(self.calibration_path), _file_hash(Path(onnx_writer.__file__)))
         if not rebuild and _fresh(path, key):
             profile = Profile.load(path)
             return profile, calibration.select([v.id for v in profile.variants])

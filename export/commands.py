@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from export.presets import DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, PRESETS, get_preset
+from export.presets import DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, PRESETS, PROFILE_REPEATS, get_preset
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--mode", choices=("triton", "onnxruntime"), default="triton",
                    help="measure latency through a real Triton server (default) or onnxruntime alone (faster)")
-    p.add_argument("--repeats", type=int, default=20, help="timed calls per subnet and batch size (default: 20)")
+    p.add_argument("--repeats", type=int, default=PROFILE_REPEATS,
+                   help=f"timed calls per subnet and batch size (default: {PROFILE_REPEATS})")
     p.add_argument("--out", type=Path, help="profile path (default: build/<preset>/profile.json)")
     p.set_defaults(func=run_profile)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from python_backend.control import ControlLayout
 
 DEFAULT_BUILD_DIR = Path("build")  # trained weights, calibration and profiles, per preset
 DEFAULT_REPOSITORY = Path("model_repository")  # the Triton model repository operators mount
+PROFILE_REPEATS = 12  # timed calls per subnet and batch size; a profile keeps their p50 and p99
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ class Preset:
     weight_decay: float = 5e-4
     num_random_subnets: int = 2  # sandwich rule: largest + smallest + this many random subnets
     seed: int = 0
+
+    def training_fields(self) -> dict:
+        """What the trained weights depend on (the search budget is not part of it)."""
+        fields = dataclasses.asdict(self)
+        del fields["search_candidates"]
+        return fields
 
 
 PRESETS: dict[str, Preset] = {
