@@ -67,8 +67,8 @@ class Artifacts:
             _stamp(self.calibration_path, key)
         return Calibration.load(self.calibration_path, act)
 
-    def profiled(self, act: SubNetAct, calibration: Calibration, *, mode: str = "triton", repeats: int = PROFILE_REPEATS,
-                 rebuild: bool = False, out: Path | None = None) -> tuple[Profile, list[Candidate]]:
+    def profiled(self, act: SubNetAct, calibration: Calibration, *, mode: str = "triton",
+                 repeats: int = PROFILE_REPEATS, rebuild: bool = False, out: Path | None = None) -> tuple[Profile, list[Candidate]]:
         """The Pareto profile and its candidates, measuring first if not cached (or ``rebuild``)."""
         path = out or self.profile_path
         # the graph writer is part of the key: latency is measured on the exported graph

@@ -132,7 +132,8 @@ class SubnetNorm(nn.Module):
             mean, var = x.new_zeros(c), x.new_ones(c)
             out = F.batch_norm(x, mean, var, gamma, beta, True, 1.0, self.eps)
             n = x.numel() // c
-            self.recorded = (_pad(mean, self.num_features, 0.0), _pad(var * ((n - 1) / n), self.num_features, 1.0))
+            biased = var * ((n - 1) / n)
+            self.recorded = (_pad(mean, self.num_features, 0.0), _pad(biased, self.num_features, 1.0))
             return out
         if self.training:
             return F.batch_norm(x, None, None, gamma, beta, True, 0.0, self.eps)
