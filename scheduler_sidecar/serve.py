@@ -15,13 +15,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Sequence
 
 from scheduler_sidecar import config as sidecar_config
-from scheduler_sidecar.triton_launcher import free_port, http_ready, log_tail
+from scheduler_sidecar.triton_launcher import free_port, log_tail, wait_http_ready
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +127,10 @@ class SidecarServer:
             self._proc = subprocess.Popen([sys.executable, *self._python_args, "-m", "scheduler_sidecar.cli", "serve",
                                            *self._args],
                                           stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self._ready_timeout_s
-        while not http_ready(self.http_url):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                status = "exited" if self._proc.poll() is not None else "was not ready in time"
-                self.stop()
-                raise RuntimeError(f"the sidecar {status}; last lines of {self.log_path}:\n{self.log_tail()}")
-            time.sleep(0.1)
+        failure = wait_http_ready(self._proc, self.http_url, self._ready_timeout_s)
+        if failure:
+            self.stop()
+            raise RuntimeError(f"the sidecar {failure}; last lines of {self.log_path}:\n{self.log_tail()}")
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

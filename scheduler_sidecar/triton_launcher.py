@@ -278,22 +278,9 @@ class TritonServer:
         log.info("tritonserver ready at %s (pid %d)", self.http_url, self._proc.pid)
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + self._ready_timeout_s
-        while not self._is_ready():
-            if proc.poll() is not None:
-                raise TritonStartError(
-                    f"tritonserver exited with status {proc.returncode} before it was ready; "
-                    f"last lines of {self._log_path}:\n{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise TritonStartError(
-                    f"tritonserver was not ready after {self._ready_timeout_s:.0f} s; "
-                    f"last lines of {self._log_path}:\n{self.log_tail()}"
-                )
-            time.sleep(READY_POLL_INTERVAL_S)
-
-    def _is_ready(self) -> bool:
-        return http_ready(self.http_url)
+        failure = wait_http_ready(proc, self.http_url, self._ready_timeout_s)
+        if failure:
+            raise TritonStartError(f"tritonserver {failure}; last lines of {self._log_path}:\n{self.log_tail()}")
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL it after `timeout_s`; safe to call twice.
@@ -344,6 +331,18 @@ def log_tail(path: Path, n_lines: int) -> str:
             return "".join(collections.deque(f, maxlen=n_lines))
     except FileNotFoundError:
         return ""
+
+
+def wait_http_ready(proc: subprocess.Popen[bytes], http_url: str, timeout_s: float) -> str | None:
+    """Poll :func:`http_ready` until the server ``proc`` started answers; None, or why it never did."""
+    deadline = time.monotonic() + timeout_s
+    while not http_ready(http_url):
+        if proc.poll() is not None:
+            return f"exited with status {proc.returncode} before it was ready"
+        if time.monotonic() > deadline:
+            return f"was not ready after {timeout_s:g} s"
+        time.sleep(READY_POLL_INTERVAL_S)
+    return None
 
 
 def http_ready(http_url: str) -> bool:

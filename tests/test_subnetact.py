@@ -87,9 +87,7 @@ def test_supernet_onnx_has_control_flow_and_matches_torch(tmp_path):
     ops = {n.op_type for n in model.graph.node}
     assert {"If", "Gather"} <= ops
     assert "Slice" in {n.op_type for g in _subgraphs(model.graph) for n in g.node}
-    onnx_writer.save(model, tmp_path / "model.onnx")
-    (tmp_path / "subnets.json").write_text(SubnetTable(act.layout, tuple(rows)).to_json())
-    runner = SupernetRunner(tmp_path)
+    runner = _export(act, rows, tmp_path, model)
     x = make_images(4)
     for i, row in enumerate(rows):
         act.set_subnet(row, i)
@@ -103,9 +101,7 @@ def test_runner_groups_mixed_rows(tmp_path):
     """A batch whose rows name different subnets equals one run per row."""
     act = make_act()
     rows = calibrate_random(act, 5)
-    onnx_writer.save(onnx_writer.supernet_model(act), tmp_path / "model.onnx")
-    (tmp_path / "subnets.json").write_text(SubnetTable(act.layout, tuple(rows)).to_json())
-    runner = SupernetRunner(tmp_path)
+    runner = _export(act, rows, tmp_path)
     x = make_images(9).numpy()
     control = np.array([rows[random.Random(i).randrange(5)] for i in range(9)], dtype=np.int32)
     mixed = runner.infer(x, control)
@@ -130,6 +126,13 @@ def test_static_onnx_matches_torch(tmp_path):
         np.testing.assert_allclose(StaticRunner(tmp_path).run(x.numpy()), static(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
+def _export(act, rows, folder, model=None) -> SupernetRunner:
+    """The supernet exported (``model`` if already written) with ``rows`` calibrated, and its runner."""
+    onnx_writer.save(model or onnx_writer.supernet_model(act), folder / "model.onnx")
+    (folder / "subnets.json").write_text(SubnetTable(act.layout, tuple(rows)).to_json())
+    return SupernetRunner(folder)
+
+
 def _subgraphs(graph: onnx.GraphProto):
     for node in graph.node:
         for attr in node.attribute:
@@ -150,9 +153,7 @@ def test_runner_maps_non_canonical_rows_to_their_subnet(tmp_path):
     """Widths of skipped blocks are ignored; a row seen once is still validated the same way later."""
     act = make_act()
     rows = calibrate_random(act, 4)
-    onnx_writer.save(onnx_writer.supernet_model(act), tmp_path / "model.onnx")
-    (tmp_path / "subnets.json").write_text(SubnetTable(act.layout, tuple(rows)).to_json())
-    runner = SupernetRunner(tmp_path)
+    runner = _export(act, rows, tmp_path)
     layout = act.layout
     shallow = layout.smallest()  # calibrate_random calibrates it; every stage skips blocks
     assert shallow in rows and any(d < m for d, m in zip(shallow, layout.max_depths))
