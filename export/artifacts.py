@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import data, onnx_writer, train
-from export.presets import DEFAULT_BUILD_DIR, PROFILE_REPEATS, Preset
+from export.presets import DEFAULT_BUILD_DIR, MEASURED_BATCH_SIZES, PROFILE_REPEATS, Preset
 from export.profiler import CALIBRATION_IMAGES, Calibration, Candidate, profile_supernet, search
 from export.subnetact import SubNetAct
 from scheduler_sidecar.profile import Profile
@@ -72,7 +72,8 @@ class Artifacts:
         """The Pareto profile and its candidates, measuring first if not cached (or ``rebuild``)."""
         path = out or self.profile_path
         # the graph writer is part of the key: latency is measured on the exported graph
-        key = _hash(_file_hash(self.calibration_path), _file_hash(Path(onnx_writer.__file__)))
+        key = _hash(_file_hash(self.calibration_path), _file_hash(Path(onnx_writer.__file__)), mode, str(repeats),
+                    repr(MEASURED_BATCH_SIZES))
         if not rebuild and _fresh(path, key):
             profile = Profile.load(path)
             return profile, calibration.select([v.id for v in profile.variants])

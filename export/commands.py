@@ -6,7 +6,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from export.presets import DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, PRESETS, PROFILE_REPEATS, get_preset
+from export.presets import (DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, MEASURED_BATCH_SIZES, PRESETS, PROFILE_REPEATS,
+                            get_preset)
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "profile", help="train (cached), search subnets, measure them and write the Pareto profile",
         description="SuperServe's SuperNet profiler. Trains the supernet if needed, calibrates SubnetNorm "
                     "statistics for searched subnets, measures accuracy on held-out digits and latency per batch "
-                    "size 1..16, keeps the latency-accuracy Pareto set, writes the profile and installs the "
+                    f"size 1..{MEASURED_BATCH_SIZES[-1]} (timed at {', '.join(map(str, MEASURED_BATCH_SIZES))}; "
+                    "linear in between), keeps the latency-accuracy Pareto set, writes the profile and installs the "
                     "supernet model (statistics for the Pareto set) into the repository.")
     _common(p)
     p.add_argument("--mode", choices=("triton", "onnxruntime"), default="triton",
                    help="measure latency through a real Triton server (default) or onnxruntime alone (faster)")
     p.add_argument("--repeats", type=int, default=PROFILE_REPEATS,
-                   help=f"timed calls per subnet and batch size (default: {PROFILE_REPEATS})")
+                   help=f"timed calls per subnet and measured batch size (default: {PROFILE_REPEATS})")
     p.add_argument("--out", type=Path, help="profile path (default: build/<preset>/profile.json)")
     p.set_defaults(func=run_profile)
 

@@ -11,6 +11,8 @@ from python_backend.control import ControlLayout
 DEFAULT_BUILD_DIR = Path("build")  # trained weights, calibration and profiles, per preset
 DEFAULT_REPOSITORY = Path("model_repository")  # the Triton model repository operators mount
 PROFILE_REPEATS = 12  # timed calls per subnet and batch size; a profile keeps their p50 and p99
+# timed batch sizes; a profile covers every size up to the largest (SuperServe's 16), linear between
+MEASURED_BATCH_SIZES = (1, 2, 4, 8, 12, 16)
 
 
 @dataclass(frozen=True)

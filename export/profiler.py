@@ -13,11 +13,17 @@ NOTE on the procedure (SuperServe section 5, "SuperNet profiler"):
 # Ambiguity (digest 3.4): the latency a Pareto set is taken on. Chosen: the mean p50 over
 # the profiled batch sizes, a single cost that averages measurement noise and weighs
 # every batch size SlackFit may choose.
+# Ambiguity (digest A9): the batch sizes. Chosen: a profile covers every size 1..16, so a
+# policy may form any batch up to SuperServe's largest; latency is timed at
+# ``MEASURED_BATCH_SIZES`` and linear in between, where latency here is close to affine in
+# the batch size. The calls cycle through the measured sizes, so that a slow spell of a
+# shared machine spreads over the whole curve instead of bending it at one size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import tempfile
@@ -31,17 +37,19 @@ import torch
 from torch import nn
 
 from export import data, onnx_writer, repository
+from export.presets import MEASURED_BATCH_SIZES
 from export.subnetact import NormStats, SubNetAct, extract_subnet
 from export.train import Preset, random_subnet
-from python_backend.control import ControlError
+from python_backend.control import ControlError, ControlLayout
 from python_backend.runners import SubnetTable, SupernetRunner
 from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant, pareto_front
 
 log = logging.getLogger(__name__)
 
-BATCH_SIZES = tuple(range(1, 17))  # SuperServe profiles batch sizes up to 16
 CALIBRATION_IMAGES = 256  # training images per SubnetNorm calibration pass
 SHORTLIST_FRONTS = 3
+SEED_FRACTION = 0.15  # of the search budget: uniform and random subnets before the evolutionary part
+UNIFORM_DEPTH_LEVELS = 4
 SUPERNET_MODEL = "digits_supernet"  # Triton model name of the default supernet
 
 
@@ -120,9 +128,11 @@ def count_macs(net: nn.Module, image_size: int) -> int:
 def search(act: SubNetAct, preset: Preset) -> Calibration:
     """Evolutionary search for the (MACs, accuracy) front: ``preset.search_candidates`` subnets in all.
 
-    A third of the budget goes to the largest, the smallest and random subnets; the rest to
-    children of the current first two fronts, each one or two depth or width steps away, so
-    that the evaluations concentrate where the Pareto set is (OFA's and SuperServe's NAS stage).
+    The first ``SEED_FRACTION`` of the budget seeds the front along its whole cost range: the
+    uniform subnets (:func:`uniform_subnets`, the smallest and the largest among them), then
+    random ones. The rest goes to children of the current first two fronts, each one or two
+    depth or width steps away, so that the evaluations concentrate where the Pareto set is
+    (OFA's and SuperServe's NAS stage).
     """
     rng = random.Random(preset.seed + 1)
     split = data.load(act.spec.image_size)
@@ -144,9 +154,9 @@ def search(act: SubNetAct, preset: Preset) -> Calibration:
             log.info("searched %d/%d subnets (%.0fs)", len(found), preset.search_candidates,
                      time.monotonic() - started)
 
-    for row in dict.fromkeys([act.layout.largest(), act.layout.smallest()]):
+    for row in uniform_subnets(act.layout):
         evaluate(row)
-    while len(found) < preset.search_candidates // 3:
+    while len(found) < preset.search_candidates * SEED_FRACTION:
         row = random_subnet(act, rng)
         if row not in found:
             evaluate(row)
@@ -159,6 +169,16 @@ def search(act: SubNetAct, preset: Preset) -> Calibration:
             continue
         evaluate(child)
     return Calibration(tuple(found.values()))
+
+
+def uniform_subnets(layout: ControlLayout, levels: int = UNIFORM_DEPTH_LEVELS) -> list[tuple[int, ...]]:
+    """Every block at one width choice and every stage at one of ``levels`` relative depths
+    (from the smallest subnet to the largest): a ladder across the space's cost range."""
+    rows = []
+    for level in range(levels):
+        depths = [layout.min_depth + round(level * (d - layout.min_depth) / (levels - 1)) for d in layout.max_depths]
+        rows += [layout.validate(depths + [w] * layout.num_blocks) for w in range(len(layout.width_choices))]
+    return list(dict.fromkeys(rows))
 
 
 def static_logits(static: nn.Module, images: np.ndarray, chunk: int = 256) -> np.ndarray:
@@ -225,22 +245,23 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples), q))
 
 
-def time_calls(call: Callable[[], object], repeats: int, warmup: int = 2) -> list[float]:
-    """Wall time of ``repeats`` calls in milliseconds, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        call()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - start) * 1e3)
+def time_rounds(calls: Sequence[Callable[[], object]], repeats: int) -> list[list[float]]:
+    """Wall times in milliseconds of ``repeats`` rounds through ``calls``, after one untimed round."""
+    samples: list[list[float]] = [[] for _ in calls]
+    for round_ in range(repeats + 1):
+        for call, times in zip(calls, samples):
+            start = time.perf_counter()
+            call()
+            if round_:
+                times.append((time.perf_counter() - start) * 1e3)
     return samples
 
 
 def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_size: int, *, mode: str,
                     repeats: int, grpc_url: str | None = None, model: str = SUPERNET_MODEL,
-                    batch_sizes: Sequence[int] = BATCH_SIZES) -> list[LatencyCurve]:
-    """Latency curves of the exported supernet's subnets, via Triton (``grpc_url``) or onnxruntime."""
+                    batch_sizes: Sequence[int] = MEASURED_BATCH_SIZES) -> list[LatencyCurve]:
+    """Latency curves (every size 1..max(``batch_sizes``)) of the exported supernet's subnets,
+    timed at ``batch_sizes`` via Triton (``grpc_url``) or onnxruntime."""
     images = data.load(image_size)["heldout"].images
     stack = contextlib.ExitStack()
     if mode == "onnxruntime":
@@ -253,15 +274,15 @@ def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_si
         infer = lambda x, control: _triton_infer(client, model, x, control)  # noqa: E731
     curves = []
     started = time.monotonic()
+    every_size = tuple(range(1, max(batch_sizes) + 1))
     for i, cand in enumerate(candidates):
-        p50, p99 = [], []
-        for b in batch_sizes:
-            x = np.ascontiguousarray(images[:b])
-            control = np.tile(np.asarray(cand.row, dtype=np.int32), (b, 1))
-            samples = time_calls(lambda: infer(x, control), repeats)
-            p50.append(percentile(samples, 50))
-            p99.append(percentile(samples, 99))
-        curves.append(LatencyCurve(tuple(batch_sizes), tuple(p50), tuple(p99)))
+        row = np.asarray(cand.row, dtype=np.int32)
+        calls = [functools.partial(infer, np.ascontiguousarray(images[:b]), np.tile(row, (b, 1)))
+                 for b in batch_sizes]
+        samples = time_rounds(calls, repeats)
+        measured = LatencyCurve(tuple(batch_sizes), tuple(percentile(s, 50) for s in samples),
+                                tuple(percentile(s, 99) for s in samples))
+        curves.append(measured.interpolated(every_size))
         if (i + 1) % 10 == 0 or i + 1 == len(candidates):
             log.info("measured %d/%d subnets (%s, %.0fs)", i + 1, len(candidates), mode, time.monotonic() - started)
     stack.close()
@@ -304,7 +325,8 @@ def profile_supernet(act: SubNetAct, calibration: Calibration, *, mode: str, rep
         for i in keep
     )
     metadata = {
-        "measured_with": mode, "repeats": repeats, "searched": len(calibration.candidates),
+        "measured_with": mode, "repeats": repeats, "measured_batch_sizes": list(MEASURED_BATCH_SIZES),
+        "between_measured_sizes": "linear interpolation", "searched": len(calibration.candidates),
         "shortlisted": len(short), "control_layout": act.layout.to_json(), "dataset": "sklearn digits, held-out 30%",
         "pareto_cost": "mean p50 latency over batch sizes",
     }

@@ -50,6 +50,22 @@ class LatencyCurve:
             raise ValueError(f"batch size {batch_size} exceeds the largest profiled one ({self.batch_sizes[-1]})")
         return self.p50_ms[i]
 
+    def interpolated(self, batch_sizes: Sequence[int]) -> "LatencyCurve":
+        """The curve at ``batch_sizes``: linear between the two profiled sizes around each one."""
+        lo, hi = self.batch_sizes[0], self.batch_sizes[-1]
+        if any(not lo <= b <= hi for b in batch_sizes):
+            raise ValueError(f"batch sizes {list(batch_sizes)} leave the profiled range {lo}..{hi}")
+
+        def at(values: tuple[float, ...], b: int) -> float:
+            i = bisect.bisect_left(self.batch_sizes, b)
+            if self.batch_sizes[i] == b:
+                return values[i]
+            b0, b1 = self.batch_sizes[i - 1], self.batch_sizes[i]
+            return values[i - 1] + (values[i] - values[i - 1]) * (b - b0) / (b1 - b0)
+
+        return LatencyCurve(tuple(batch_sizes), tuple(at(self.p50_ms, b) for b in batch_sizes),
+                            tuple(at(self.p99_ms, b) for b in batch_sizes))
+
 
 @dataclass(frozen=True)
 class Actuation:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from scheduler_sidecar.profile import Profile, ProfileError, pareto_front
+from scheduler_sidecar.profile import LatencyCurve, Profile, ProfileError, pareto_front
 from tests.builders import make_profile
 
 
@@ -34,6 +34,16 @@ def test_invalid_profiles_name_file_and_field(tmp_path, mutate, message):
     with pytest.raises(ProfileError, match=message) as info:
         Profile.load(path)
     assert str(path) in str(info.value)
+
+
+def test_interpolated_curve_keeps_measured_sizes_and_is_linear_between():
+    measured = LatencyCurve((1, 2, 4, 8), (1.0, 1.5, 2.5, 6.5), (2.0, 3.0, 5.0, 9.0))
+    curve = measured.interpolated(range(1, 9))
+    assert curve.batch_sizes == tuple(range(1, 9))
+    assert curve.p50_ms == (1.0, 1.5, 2.0, 2.5, 3.5, 4.5, 5.5, 6.5)
+    assert curve.p99_ms == (2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)
+    with pytest.raises(ValueError, match="profiled range 1..8"):
+        measured.interpolated([4, 16])
 
 
 def test_pareto_front_drops_dominated_points():

@@ -170,3 +170,18 @@ def test_runner_maps_non_canonical_rows_to_their_subnet(tmp_path):
     for _ in range(2):
         with pytest.raises(ControlError, match=r"W\[0\.0\]="):
             runner.infer(x[:1], np.array([bad], dtype=np.int32))
+
+
+def test_uniform_subnets_climb_from_the_smallest_to_the_largest():
+    from export.profiler import uniform_subnets
+
+    layout = make_act().layout
+    rows = uniform_subnets(layout)
+    assert rows[0] == layout.smallest() and rows[-1] == layout.largest()
+    assert len(set(rows)) == len(rows)
+    for row in rows:  # every block that runs has the same width
+        depths = row[: layout.num_stages]
+        assert len({row[layout.num_stages + layout.block_index(s, b)]
+                    for s, d in enumerate(depths) for b in range(d)}) == 1
+    depths = sorted({row[: layout.num_stages] for row in rows})
+    assert all(a <= b for lo, hi in zip(depths, depths[1:]) for a, b in zip(lo, hi))  # one ladder, no crossing
