@@ -10,9 +10,10 @@ $(STAMP): pyproject.toml
 	@echo "== setting up $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	@# torch first, pinned: on these machines this is the CPU build; the project's torch range is then met
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[cpu,test]'
+	@# torch first, pinned: on these machines this is the CPU build; the project's torch range is then met.
+	@# --no-compile: python compiles the modules it imports when it first imports them, not all of them here
+	$(BIN)/python -m pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[cpu,test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)
