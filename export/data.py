@@ -8,9 +8,10 @@ NOTE on the task. Clean digits are too easy to separate subnets: every subnet of
 supernet scores about 99%, so a profile has no accuracy to trade. Both splits are
 therefore seen through random distortions (rotation, scaling, shift, pixel noise): training
 draws fresh ones every step (augmentation), SubnetNorm calibration sees one fixed draw, and
-the held-out split is distorted once with a fixed seed (several copies of each digit, each distorted differently), so accuracy is
-measured on the same hard images every time. Larger subnets
-cope with the distortions better, which gives the latency-accuracy trade-off serving needs.
+the held-out split is distorted once with a fixed seed (several copies of each digit, each
+distorted differently), so accuracy is measured on the same hard images every time. Larger
+subnets cope with the distortions better, which gives the latency-accuracy trade-off
+serving needs.
 """
 
 from __future__ import annotations

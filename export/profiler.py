@@ -1,9 +1,9 @@
 """SuperServe's SuperNet profiler: search, calibrate, measure, keep the Pareto set.
 
 NOTE on the procedure (SuperServe section 5, "SuperNet profiler"):
-1. *search*: the largest and smallest subnets plus random ones, ``preset.search_candidates``
-   distinct subnets in all; each gets SubnetNorm statistics calibrated on training
-   images and its top-1 accuracy measured on the held-out split;
+1. *search* (:func:`search`): ``preset.search_candidates`` distinct subnets, each with
+   SubnetNorm statistics calibrated on (distorted) training images and its top-1 accuracy
+   measured on the held-out split;
 2. *shortlist*: the first ``SHORTLIST_FRONTS`` Pareto fronts of (MACs, accuracy), so that
    latency is only measured where it can matter;
 3. *measure*: latency per batch size 1..16 of every shortlisted subnet, through a real
