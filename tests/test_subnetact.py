@@ -185,3 +185,14 @@ def test_uniform_subnets_climb_from_the_smallest_to_the_largest():
                     for s, d in enumerate(depths) for b in range(d)}) == 1
     depths = sorted({row[: layout.num_stages] for row in rows})
     assert all(a <= b for lo, hi in zip(depths, depths[1:]) for a, b in zip(lo, hi))  # one ladder, no crossing
+
+
+def test_calibration_images_are_distorted_like_training_batches():
+    """SubnetNorm statistics come from the input distribution the supernet trained on."""
+    from export import data
+
+    clean = data.load(16)["train"].images[:64]
+    first, again = data.calibration_images(16, 64), data.calibration_images(16, 64)
+    assert torch.equal(first, again)  # one fixed draw: statistics are reproducible
+    assert first.shape == clean.shape
+    assert first.std() > torch.from_numpy(clean).std()  # pixel noise and warps, not the clean digits
