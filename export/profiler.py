@@ -154,7 +154,7 @@ def search(act: SubNetAct, preset: Preset) -> Calibration:
             log.info("searched %d/%d subnets (%.0fs)", len(found), preset.search_candidates,
                      time.monotonic() - started)
 
-    for row in uniform_subnets(act.layout):
+    for row in uniform_subnets(act.layout)[: preset.search_candidates]:
         evaluate(row)
     while len(found) < preset.search_candidates * SEED_FRACTION:
         row = random_subnet(act, rng)
