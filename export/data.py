@@ -6,12 +6,18 @@ payloads clients send).
 
 NOTE on the task. Clean digits are too easy to separate subnets: every subnet of the
 supernet scores about 99%, so a profile has no accuracy to trade. Both splits are
-therefore seen through random distortions (rotation, scaling, shift, pixel noise): training
-draws fresh ones every step (augmentation), SubnetNorm calibration sees one fixed draw, and
-the held-out split is distorted once with a fixed seed (several copies of each digit, each
-distorted differently), so accuracy is measured on the same hard images every time. Larger
-subnets cope with the distortions better, which gives the latency-accuracy trade-off
-serving needs.
+therefore seen through random distortions (rotation, scaling, shift, an occluding square,
+pixel noise): training draws fresh ones every step (augmentation), SubnetNorm calibration
+sees one fixed draw, and the held-out split is distorted once with a fixed seed (several
+copies of each digit, each distorted differently), so accuracy is measured on the same hard
+images every time. Larger subnets cope with the distortions better, which gives the
+latency-accuracy trade-off serving needs.
+
+The occluder is what makes capacity pay: a digit with a third of its side hidden must be
+recognised from what is left. Without it, a network 1/35 the size of the largest trained
+to within 4.4 points of it in 12 epochs (90.6% vs 95.0%), and the default supernet's Pareto
+set spanned only 2.1 points; with it the gap was 11.0 points (76.1% vs 87.0%) and the
+Pareto set spans 6.5 points.
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ HELDOUT_COPIES = 4  # distorted copies of each held-out digit: finer accuracy st
 MAX_ROTATION_DEG = 30.0
 SCALE_RANGE = (0.75, 1.25)
 MAX_SHIFT_FRACTION = 0.15  # of the image side
+OCCLUSION_FRACTION = 0.375  # side of the square occluder, as a fraction of the image side
 NOISE_STD = 0.35  # images are normalised to [-1, 1]
 # what training depends on: a change means trained artifacts are stale (see export.artifacts)
-FINGERPRINT = (SPLIT_SEED, HELDOUT_FRACTION, MAX_ROTATION_DEG, SCALE_RANGE, MAX_SHIFT_FRACTION, NOISE_STD)
+FINGERPRINT = (SPLIT_SEED, HELDOUT_FRACTION, MAX_ROTATION_DEG, SCALE_RANGE, MAX_SHIFT_FRACTION,
+               OCCLUSION_FRACTION, NOISE_STD)
 # what accuracy measurement also depends on
 HELDOUT_FINGERPRINT = (HELDOUT_DISTORTION_SEED, HELDOUT_COPIES, CALIBRATION_DISTORTION_SEED)
 
@@ -75,8 +83,8 @@ def calibration_images(image_size: int, count: int) -> torch.Tensor:
 
 
 def distort(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random rotation, scale, shift and pixel noise, one draw per image."""
-    n = images.shape[0]
+    """Random rotation, scale, shift, an occluding square and pixel noise, one draw per image."""
+    n, side = images.shape[0], images.shape[-1]
     angle = (torch.rand(n, generator=generator) * 2 - 1) * math.radians(MAX_ROTATION_DEG)
     lo, hi = SCALE_RANGE
     scale = lo + (hi - lo) * torch.rand(n, generator=generator)
@@ -85,7 +93,17 @@ def distort(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
     out = F.grid_sample(images + 1.0, grid, align_corners=False) - 1.0  # the background stays at -1
+    out = occlude(out, round(OCCLUSION_FRACTION * side), generator)
     return (out + NOISE_STD * torch.randn(images.shape, generator=generator)).float()
+
+
+def occlude(images: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    """Paint a ``size`` x ``size`` square of background at a random place in each image."""
+    n, side = images.shape[0], images.shape[-1]
+    corner = torch.randint(0, side - size + 1, (n, 2, 1), generator=generator)
+    inside = (torch.arange(side) >= corner) & (torch.arange(side) < corner + size)  # [n, 2, side]
+    mask = inside[:, 0, :, None] & inside[:, 1, None, :]
+    return images.masked_fill(mask[:, None], -1.0)
 
 
 def upscale(images: np.ndarray, size: int) -> np.ndarray:

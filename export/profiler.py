@@ -16,8 +16,9 @@ NOTE on the procedure (SuperServe section 5, "SuperNet profiler"):
 # Ambiguity (digest A9): the batch sizes. Chosen: a profile covers every size 1..16, so a
 # policy may form any batch up to SuperServe's largest; latency is timed at
 # ``MEASURED_BATCH_SIZES`` and linear in between, where latency here is close to affine in
-# the batch size. The calls cycle through the measured sizes, so that a slow spell of a
-# shared machine spreads over the whole curve instead of bending it at one size.
+# the batch size. The calls cycle through every shortlisted subnet and measured size, so
+# that a slow spell of a shared machine spreads over all of them instead of bending one
+# curve or making one subnet look slower than its neighbours on the front.
 """
 
 from __future__ import annotations
@@ -245,8 +246,10 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples), q))
 
 
-def time_rounds(calls: Sequence[Callable[[], object]], repeats: int) -> list[list[float]]:
-    """Wall times in milliseconds of ``repeats`` rounds through ``calls``, after one untimed round."""
+def time_rounds(calls: Sequence[Callable[[], object]], repeats: int,
+                progress: Callable[[int], None] | None = None) -> list[list[float]]:
+    """Wall times in milliseconds of ``repeats`` rounds through ``calls``, after one untimed round;
+    ``progress`` hears the number of each finished timed round."""
     samples: list[list[float]] = [[] for _ in calls]
     for round_ in range(repeats + 1):
         for call, times in zip(calls, samples):
@@ -254,6 +257,8 @@ def time_rounds(calls: Sequence[Callable[[], object]], repeats: int) -> list[lis
             call()
             if round_:
                 times.append((time.perf_counter() - start) * 1e3)
+        if round_ and progress:
+            progress(round_)
     return samples
 
 
@@ -261,7 +266,12 @@ def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_si
                     repeats: int, grpc_url: str | None = None, model: str = SUPERNET_MODEL,
                     batch_sizes: Sequence[int] = MEASURED_BATCH_SIZES) -> list[LatencyCurve]:
     """Latency curves (every size 1..max(``batch_sizes``)) of the exported supernet's subnets,
-    timed at ``batch_sizes`` via Triton (``grpc_url``) or onnxruntime."""
+    timed at ``batch_sizes`` via Triton (``grpc_url``) or onnxruntime.
+
+    Every round calls every subnet at every size once, so a slow spell of the machine lands on
+    all subnets alike instead of on the few measured during it: the Pareto set compares
+    subnets whose latencies differ by a few percent, less than such a spell adds.
+    """
     images = data.load(image_size)["heldout"].images
     stack = contextlib.ExitStack()
     if mode == "onnxruntime":
@@ -272,21 +282,17 @@ def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_si
 
         client = stack.enter_context(grpcclient.InferenceServerClient(grpc_url))
         infer = lambda x, control: _triton_infer(client, model, x, control)  # noqa: E731
-    curves = []
+    calls = [functools.partial(infer, np.ascontiguousarray(images[:b]), np.tile(np.asarray(c.row, dtype=np.int32), (b, 1)))
+             for c in candidates for b in batch_sizes]
     started = time.monotonic()
-    every_size = tuple(range(1, max(batch_sizes) + 1))
-    for i, cand in enumerate(candidates):
-        row = np.asarray(cand.row, dtype=np.int32)
-        calls = [functools.partial(infer, np.ascontiguousarray(images[:b]), np.tile(row, (b, 1)))
-                 for b in batch_sizes]
-        samples = time_rounds(calls, repeats)
-        measured = LatencyCurve(tuple(batch_sizes), tuple(percentile(s, 50) for s in samples),
-                                tuple(percentile(s, 99) for s in samples))
-        curves.append(measured.interpolated(every_size))
-        if (i + 1) % 10 == 0 or i + 1 == len(candidates):
-            log.info("measured %d/%d subnets (%s, %.0fs)", i + 1, len(candidates), mode, time.monotonic() - started)
+    samples = time_rounds(calls, repeats, progress=lambda r: log.info(
+        "timed round %d/%d over %d subnets (%s, %.0fs)", r, repeats, len(candidates), mode, time.monotonic() - started))
     stack.close()
-    return curves
+    every_size = tuple(range(1, max(batch_sizes) + 1))
+    per_subnet = [samples[i : i + len(batch_sizes)] for i in range(0, len(samples), len(batch_sizes))]
+    return [LatencyCurve(tuple(batch_sizes), tuple(percentile(s, 50) for s in subnet),
+                         tuple(percentile(s, 99) for s in subnet)).interpolated(every_size)
+            for subnet in per_subnet]
 
 
 def _triton_infer(client, model: str, x: np.ndarray, control: np.ndarray) -> np.ndarray:

@@ -196,3 +196,15 @@ def test_calibration_images_are_distorted_like_training_batches():
     assert torch.equal(first, again)  # one fixed draw: statistics are reproducible
     assert first.shape == clean.shape
     assert first.std() > torch.from_numpy(clean).std()  # pixel noise and warps, not the clean digits
+
+
+def test_occlusion_paints_one_square_of_background_per_image():
+    from export import data
+
+    images = torch.rand(8, 1, 16, 16)  # no pixel is background (-1) yet
+    out = data.occlude(images, 6, torch.Generator().manual_seed(0))
+    hidden = out == -1.0
+    assert hidden.sum(dim=(1, 2, 3)).tolist() == [36] * 8
+    rows, cols = hidden[:, 0].any(dim=2), hidden[:, 0].any(dim=1)
+    assert rows.sum(dim=1).tolist() == [6] * 8 and cols.sum(dim=1).tolist() == [6] * 8  # a square, not scattered
+    assert torch.equal(out[~hidden], images[~hidden])  # the rest of each image is untouched
