@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=("triton", "onnxruntime"), default="triton",
                    help="measure latency through a real Triton server (default) or onnxruntime alone (faster)")
     p.add_argument("--repeats", type=int, default=PROFILE_REPEATS,
-                   help=f"timed calls per subnet and measured batch size (default: {PROFILE_REPEATS})")
+                   help=f"timed rounds, each calling every shortlisted subnet once at every measured batch size "
+                        f"(default: {PROFILE_REPEATS})")
     p.add_argument("--out", type=Path, help="profile path (default: build/<preset>/profile.json)")
     p.set_defaults(func=run_profile)
 

@@ -38,7 +38,7 @@ HELDOUT_COPIES = 4  # distorted copies of each held-out digit: finer accuracy st
 MAX_ROTATION_DEG = 30.0
 SCALE_RANGE = (0.75, 1.25)
 MAX_SHIFT_FRACTION = 0.15  # of the image side
-OCCLUSION_FRACTION = 0.375  # side of the square occluder, as a fraction of the image side
+OCCLUSION_FRACTION = 0.4375  # side of the square occluder, as a fraction of the image side
 NOISE_STD = 0.35  # images are normalised to [-1, 1]
 # what training depends on: a change means trained artifacts are stale (see export.artifacts)
 FINGERPRINT = (SPLIT_SEED, HELDOUT_FRACTION, MAX_ROTATION_DEG, SCALE_RANGE, MAX_SHIFT_FRACTION,
