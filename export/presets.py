@@ -84,7 +84,8 @@ PRESETS: dict[str, Preset] = {
     # the demo's default model: wide enough that its largest subnet costs several times the smallest, and six
     # blocks deep in the middle stage, where accuracy on the distorted digits keeps growing with depth
     # budget: `make demo`'s first run must stay within 15 minutes on 2 cores, so 180 searched subnets
-    # (about 4 of those minutes), 7 epochs of the largest network alone and one random subnet per sandwich step (as accurate as two, 12% faster)
+    # (about 4 of those minutes), 7 epochs of the largest network alone and one random subnet per
+    # sandwich step (as accurate as two, 12% faster)
     "full": Preset("full", SupernetSpec(stage_channels=(48, 96, 192), max_depths=(4, 6, 4)), full_epochs=7,
                    elastic_epochs=22, search_candidates=180, num_random_subnets=1),
 }
