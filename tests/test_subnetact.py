@@ -208,3 +208,14 @@ def test_occlusion_paints_one_square_of_background_per_image():
     rows, cols = hidden[:, 0].any(dim=2), hidden[:, 0].any(dim=1)
     assert rows.sum(dim=1).tolist() == [6] * 8 and cols.sum(dim=1).tolist() == [6] * 8  # a square, not scattered
     assert torch.equal(out[~hidden], images[~hidden])  # the rest of each image is untouched
+
+
+def test_latency_rounds_call_every_subnet_and_size_in_turn():
+    """A slow spell must land on every subnet alike: each round calls everything once, in order."""
+    from export.profiler import time_rounds
+
+    order, finished = [], []
+    calls = [lambda name=name: order.append(name) for name in "abc"]
+    samples = time_rounds(calls, repeats=3, progress=finished.append)
+    assert order == list("abc") * 4  # one untimed round, then three timed ones
+    assert [len(s) for s in samples] == [3, 3, 3] and finished == [1, 2, 3]
