@@ -273,21 +273,22 @@ def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_si
     subnets whose latencies differ by a few percent, less than such a spell adds.
     """
     images = data.load(image_size)["heldout"].images
-    stack = contextlib.ExitStack()
-    if mode == "onnxruntime":
-        runner = SupernetRunner(version_dir)
-        infer: Callable[[np.ndarray, np.ndarray], object] = runner.infer
-    else:
-        import tritonclient.grpc as grpcclient
+    inputs = {b: np.ascontiguousarray(images[:b]) for b in batch_sizes}
+    with contextlib.ExitStack() as stack:
+        if mode == "onnxruntime":
+            runner = SupernetRunner(version_dir)
+            infer: Callable[[np.ndarray, np.ndarray], object] = runner.infer
+        else:
+            import tritonclient.grpc as grpcclient
 
-        client = stack.enter_context(grpcclient.InferenceServerClient(grpc_url))
-        infer = lambda x, control: _triton_infer(client, model, x, control)  # noqa: E731
-    calls = [functools.partial(infer, np.ascontiguousarray(images[:b]), np.tile(np.asarray(c.row, dtype=np.int32), (b, 1)))
-             for c in candidates for b in batch_sizes]
-    started = time.monotonic()
-    samples = time_rounds(calls, repeats, progress=lambda r: log.info(
-        "timed round %d/%d over %d subnets (%s, %.0fs)", r, repeats, len(candidates), mode, time.monotonic() - started))
-    stack.close()
+            client = stack.enter_context(grpcclient.InferenceServerClient(grpc_url))
+            infer = lambda x, control: _triton_infer(client, model, x, control)  # noqa: E731
+        calls = [functools.partial(infer, inputs[b], np.tile(np.asarray(c.row, dtype=np.int32), (b, 1)))
+                 for c in candidates for b in batch_sizes]
+        started = time.monotonic()
+        samples = time_rounds(calls, repeats, progress=lambda r: log.info(
+            "timed round %d/%d over %d subnets (%s, %.0fs)", r, repeats, len(candidates), mode,
+            time.monotonic() - started))
     every_size = tuple(range(1, max(batch_sizes) + 1))
     per_subnet = [samples[i : i + len(batch_sizes)] for i in range(0, len(samples), len(batch_sizes))]
     return [LatencyCurve(tuple(batch_sizes), tuple(percentile(s, 50) for s in subnet),
