@@ -13,8 +13,8 @@ copies of each digit, each distorted differently), so accuracy is measured on th
 images every time. Larger subnets cope with the distortions better, which gives the
 latency-accuracy trade-off serving needs.
 
-The occluder is what makes capacity pay: a digit with 7 of its 16 pixels a side hidden must
-be recognised from what is left. Without it, a network 1/35 the size of the largest trained
+The occluder is what makes capacity pay: a square 7 pixels a side (of 16) hides part of each
+digit, which must be recognised from what is left. Without it, a network 1/35 the size of the largest trained
 to within 4.4 points of it in 12 epochs (90.6% vs 95.0%), and the default supernet's Pareto
 set spanned only 2.1 points. A 6-pixel square widened that gap to 11.0 points (76.1% vs
 87.0%), but the Pareto set then spanned 5 to 6.5 points depending on the held-out draw and
