@@ -22,7 +22,7 @@ from export import data, onnx_writer, train
 from export.presets import DEFAULT_BUILD_DIR, MEASURED_BATCH_SIZES, PROFILE_REPEATS, Preset
 from export.profiler import CALIBRATION_IMAGES, Calibration, Candidate, profile_supernet, search
 from export.subnetact import SubNetAct
-from scheduler_sidecar.profile import Profile
+from scheduler_sidecar.core.profile import Profile
 
 log = logging.getLogger(__name__)
 

@@ -67,8 +67,8 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
     from export.artifacts import Artifacts
     from export.profiler import SUPERNET_MODEL, export_static, export_supernet
     from export.repository import static_model_name
-    from scheduler_sidecar.profile import Profile
-    from scheduler_sidecar.triton_launcher import TritonServer
+    from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.live.triton_launcher import TritonServer
 
     artifacts = Artifacts(preset, build_dir)
     if not artifacts.profile_path.exists():

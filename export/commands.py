@@ -96,7 +96,7 @@ def run_profile(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from export.artifacts import Artifacts
     from export.profiler import export_static, export_supernet
-    from scheduler_sidecar.profile import Profile
+    from scheduler_sidecar.core.profile import Profile
 
     artifacts = Artifacts(get_preset(args.preset), args.build_dir)
     act = artifacts.supernet()

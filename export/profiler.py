@@ -43,7 +43,7 @@ from export.subnetact import NormStats, SubNetAct, extract_subnet
 from export.train import Preset, random_subnet
 from python_backend.control import ControlError, ControlLayout
 from python_backend.runners import SubnetTable, SupernetRunner
-from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant, pareto_front
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant, pareto_front
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ def _triton_infer(client, model: str, x: np.ndarray, control: np.ndarray) -> np.
 def profile_supernet(act: SubNetAct, calibration: Calibration, *, mode: str, repeats: int, name: str,
                      source: str) -> tuple[Profile, list[Candidate]]:
     """Measure the shortlist and return the Pareto profile with its candidates (same order)."""
-    from scheduler_sidecar.triton_launcher import TritonServer
+    from scheduler_sidecar.live.triton_launcher import TritonServer
 
     short = shortlist(calibration.candidates)
     log.info("measuring latency of %d shortlisted subnets (of %d searched) via %s",

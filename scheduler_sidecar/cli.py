@@ -14,7 +14,7 @@ import sys
 
 from tritonclient.utils import InferenceServerException
 
-from scheduler_sidecar.triton_launcher import TritonLaunchError
+from scheduler_sidecar.live.triton_launcher import TritonLaunchError
 
 # errors that mean "bad input or environment": one line for the user, no traceback (-v shows it).
 # Bad parameters, profiles, traces and control rows are ValueErrors (ProfileError, TraceError, ...).
@@ -22,21 +22,21 @@ USER_ERRORS = (ValueError, OSError, TritonLaunchError, InferenceServerException)
 
 # modules that contribute subcommands, in the order `--help` lists them
 COMMAND_MODULES = (
-    "scheduler_sidecar.triton_launcher",
+    "scheduler_sidecar.live.triton_launcher",
     "export.commands",
-    "loadtest.demo",
+    "scheduler_sidecar.experiments.demo",
     "loadtest.commands",
-    "scheduler_sidecar.simulate_cli",
-    "scheduler_sidecar.reproduce",
-    "scheduler_sidecar.paper_profiles",
-    "scheduler_sidecar.serve",
+    "scheduler_sidecar.experiments.simulate",
+    "scheduler_sidecar.experiments.reproduce",
+    "scheduler_sidecar.systems.superserve.paper_profile",
+    "scheduler_sidecar.server.serve",
     "loadtest.loadtest_cli",
     "loadtest.report",
-    "scheduler_sidecar.ramsis.cli",
+    "scheduler_sidecar.systems.ramsis.cli",
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
-BENCH_MODULES = ("export.bench", "scheduler_sidecar.bench", "scheduler_sidecar.sidecar_bench",
-                 "scheduler_sidecar.ramsis.bench")
+BENCH_MODULES = ("export.bench", "scheduler_sidecar.experiments.bench", "scheduler_sidecar.experiments.sidecar_bench",
+                 "scheduler_sidecar.systems.ramsis.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

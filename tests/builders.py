@@ -10,7 +10,7 @@ import torch
 from export.presets import SupernetSpec
 from export.subnetact import SubNetAct, build
 from export.train import random_subnet
-from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 
 TINY = SupernetSpec(image_size=8, stage_channels=(8, 16), max_depths=(2, 3), width_choices=(0.25, 0.5, 1.0))
 
@@ -57,13 +57,13 @@ def make_profile(n_variants: int = 4, batch_sizes: tuple[int, ...] = (1, 2, 4, 8
 
 def make_queries(n: int = 8, slo_us: int = 36_000, gap_us: int = 0, start_us: int = 0) -> list:
     """``n`` queries arriving every ``gap_us`` from ``start_us``, each with deadline arrival + slo."""
-    from scheduler_sidecar.core import Query
+    from scheduler_sidecar.core.records import Query
 
     return [Query(start_us + i * gap_us + slo_us, i, i, start_us + i * gap_us) for i in range(n)]
 
 
 def make_queue(queries) -> object:
-    from scheduler_sidecar.core import EdfQueue
+    from scheduler_sidecar.core.records import EdfQueue
 
     queue = EdfQueue()
     for q in queries:
@@ -73,7 +73,7 @@ def make_queue(queries) -> object:
 
 def make_workers(n: int = 1, busy: int = 0) -> list:
     """``n`` workers, the first ``busy`` of them running a batch."""
-    from scheduler_sidecar.core import WorkerState
+    from scheduler_sidecar.core.records import WorkerState
 
     return [WorkerState(i, busy_until_us=10**9 if i < busy else None) for i in range(n)]
 

@@ -20,7 +20,7 @@ class FastBuild:
 
     act: object  # export.subnetact.SubNetAct
     calibration: object  # export.profiler.Calibration
-    profile: object  # scheduler_sidecar.profile.Profile
+    profile: object  # scheduler_sidecar.core.profile.Profile
     profile_path: Path
     repository: Path  # supernet with every searched subnet calibrated, plus NUM_STATIC static models
     static_ids: tuple[str, ...]
@@ -49,7 +49,7 @@ def fast_build(tmp_path_factory: pytest.TempPathFactory) -> FastBuild:
 @pytest.fixture(scope="session")
 def triton(fast_build: FastBuild):
     """A real tritonserver on free loopback ports serving the fast build's repository."""
-    from scheduler_sidecar.triton_launcher import TritonServer
+    from scheduler_sidecar.live.triton_launcher import TritonServer
 
     with TritonServer(repository=fast_build.repository) as server:
         yield server

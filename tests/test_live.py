@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from scheduler_sidecar import config as sidecar_config
-from scheduler_sidecar.config import ModelSpec
-from scheduler_sidecar.live import LiveModel
-from scheduler_sidecar.metrics import Metrics
-from scheduler_sidecar.protocol import Code, SidecarError, TensorSpec
+from scheduler_sidecar.server import config as sidecar_config
+from scheduler_sidecar.server.config import ModelSpec
+from scheduler_sidecar.live.driver import LiveModel
+from scheduler_sidecar.server.metrics import Metrics
+from scheduler_sidecar.server.protocol import Code, SidecarError, TensorSpec
 from tests.builders import make_profile
 
 INPUT = TensorSpec("INPUT", "FP32", (2,))
@@ -228,7 +228,7 @@ def test_every_policy_can_drive_the_live_model():
 @pytest.mark.parametrize("calibrate", [True, False])
 def test_latency_calibration_replans_with_measured_latencies(calibrate):
     """The fake worker answers at once, far under the profiled 1.5 ms+: the policy re-plans on a faster profile."""
-    from scheduler_sidecar.live import CALIBRATION_BOUNDS, CALIBRATION_WINDOW
+    from scheduler_sidecar.live.driver import CALIBRATION_BOUNDS, CALIBRATION_WINDOW
 
     async def main():
         endpoint = FakeEndpoint("a")

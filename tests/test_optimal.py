@@ -1,4 +1,4 @@
-"""The offline ZILP bound (scheduler_sidecar/optimal.py): equal to brute force, feasible, validated."""
+"""The offline ZILP bound (systems/superserve/optimal.py): equal to brute force, feasible, validated."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import random
 import pulp
 import pytest
 
-from scheduler_sidecar import optimal
-from scheduler_sidecar.optimal import OptimalResult, brute_force, solve_optimal
-from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.systems.superserve import optimal
+from scheduler_sidecar.systems.superserve.optimal import OptimalResult, brute_force, solve_optimal
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 
 
 def make_profile(specs: list[tuple[float, float, float]],
@@ -262,8 +262,8 @@ def grid_profile():
 def test_slackfit_never_beats_the_optimum(seed):
     """On small random traces SlackFit's objective (accuracy summed over met queries) is at most the ZILP's."""
     from scheduler_sidecar.policies import make_policy
-    from scheduler_sidecar.simulator import OUTCOME_CODES, SimConfig, Simulator
-    from scheduler_sidecar.core import Outcome
+    from scheduler_sidecar.sim.simulator import OUTCOME_CODES, SimConfig, Simulator
+    from scheduler_sidecar.core.records import Outcome
 
     rng = random.Random(seed)
     profile = grid_profile()
@@ -287,9 +287,9 @@ def test_no_policy_beats_the_upper_bound_off_the_grid(seed: int) -> None:
 
     The "feasible" optimum is no such limit: on seeds 2 and 4 MaxAcc beats it.
     """
-    from scheduler_sidecar.core import Outcome
+    from scheduler_sidecar.core.records import Outcome
     from scheduler_sidecar.policies import POLICIES, make_policy
-    from scheduler_sidecar.simulator import OUTCOME_CODES, SimConfig, Simulator
+    from scheduler_sidecar.sim.simulator import OUTCOME_CODES, SimConfig, Simulator
     from tests.builders import POLICY_OPTIONS
 
     rng = random.Random(seed)

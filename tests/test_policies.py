@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from scheduler_sidecar.core import EdfQueue, PolicyError, Query
+from scheduler_sidecar.core.records import EdfQueue, PolicyError, Query
 from scheduler_sidecar.policies import POLICIES, make_policy
-from scheduler_sidecar.policies.fixed import ClipperPlus, Infaas
-from scheduler_sidecar.policies.greedy import MaxAcc, MaxBatch
-from scheduler_sidecar.policies.slackfit import SlackFit
+from scheduler_sidecar.systems.superserve.baselines import ClipperPlus, Infaas
+from scheduler_sidecar.systems.superserve.greedy import MaxAcc, MaxBatch
+from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 from tests.builders import POLICY_OPTIONS, make_profile, make_queries, make_queue, make_workers
 
 PROFILE = make_profile(n_variants=6, batch_sizes=tuple(range(1, 17)))

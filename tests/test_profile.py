@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from scheduler_sidecar.profile import LatencyCurve, Profile, ProfileError, pareto_front
+from scheduler_sidecar.core.profile import LatencyCurve, Profile, ProfileError, pareto_front
 from tests.builders import make_profile
 
 

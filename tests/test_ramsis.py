@@ -10,10 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant
-from scheduler_sidecar.ramsis import LATENCY_CSV, MODELSWITCHING_CSV, TWITTER_CURVE
-from scheduler_sidecar.ramsis.baselines import _feasible_batches, jellyfish_plus_choice, modelswitching_choice
-from scheduler_sidecar.ramsis.generate import (
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.systems.ramsis import LATENCY_CSV, MODELSWITCHING_CSV, TWITTER_CURVE
+from scheduler_sidecar.systems.ramsis.baselines import _feasible_batches, jellyfish_plus_choice, modelswitching_choice
+from scheduler_sidecar.systems.ramsis.generate import (
     generate_policy,
     generate_set,
     load_set,
@@ -21,8 +21,8 @@ from scheduler_sidecar.ramsis.generate import (
     pick_policy,
     refine_loads,
 )
-from scheduler_sidecar.ramsis.load_curve import load_curve
-from scheduler_sidecar.ramsis.mdp import (
+from scheduler_sidecar.systems.ramsis.load_curve import load_curve
+from scheduler_sidecar.systems.ramsis.mdp import (
     MdpSpec,
     arrivals_given_phase,
     build_mdp,
@@ -30,9 +30,9 @@ from scheduler_sidecar.ramsis.mdp import (
     num_states,
     slack_grid,
 )
-from scheduler_sidecar.ramsis.model_table import load_summary_csv
-from scheduler_sidecar.ramsis.policy_file import RamsisPolicy
-from scheduler_sidecar.ramsis.solve import solve
+from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv
+from scheduler_sidecar.systems.ramsis.policy_file import RamsisPolicy
+from scheduler_sidecar.systems.ramsis.solve import solve
 
 PARETO_9 = ("shufflenet_v2_x0_5", "mobilenet_v3_large", "efficientnet_b0", "efficientnet_b2", "efficientnet_b3",
             "efficientnet_b4", "efficientnet_v2_s", "efficientnet_v2_m", "efficientnet_v2_l")
@@ -117,7 +117,7 @@ def _literal_eq2(lat, grid, spec, n, j, n2, j2):
 
 def test_transitions_match_the_literal_equation():
     """The closed form equals Eq. 2's quadruple sum (K = 3, a coarse grid)."""
-    from scheduler_sidecar.ramsis.mdp import phase_weights
+    from scheduler_sidecar.systems.ramsis.mdp import phase_weights
 
     spec = MdpSpec(slo_ms=100.0, workers=3, load_qps=90.0, slack_steps=5, max_queue=4)
     grid = spec.slo_ms * np.arange(6) / 5

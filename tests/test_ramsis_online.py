@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from loadtest.traces import poisson
-from scheduler_sidecar.core import EdfQueue, Query, WorkerState, apply
+from scheduler_sidecar.core.records import EdfQueue, Query, WorkerState, apply
 from scheduler_sidecar.policies import POLICIES, make_policy
-from scheduler_sidecar.ramsis import LATENCY_CSV
-from scheduler_sidecar.ramsis.generate import generate_set
-from scheduler_sidecar.ramsis.mdp import MdpSpec
-from scheduler_sidecar.ramsis.model_table import from_profile, load_summary_csv, to_profile
-from scheduler_sidecar.ramsis.online import LoadMonitor, LoadTable, WorkerQueues
-from scheduler_sidecar.simulator import SimConfig, Simulator
+from scheduler_sidecar.systems.ramsis import LATENCY_CSV
+from scheduler_sidecar.systems.ramsis.generate import generate_set
+from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
+from scheduler_sidecar.systems.ramsis.model_table import from_profile, load_summary_csv, to_profile
+from scheduler_sidecar.systems.ramsis.online import LoadMonitor, LoadTable, WorkerQueues
+from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 
 SLO_MS, K, LOAD_QPS = 150.0, 4, 120.0
 # expectation (§5.1) vs the simulator on a 600 s Poisson trace (72 k queries): accuracy per

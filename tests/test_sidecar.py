@@ -20,8 +20,8 @@ import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 from export import data
-from scheduler_sidecar.serve import SidecarServer
-from scheduler_sidecar.triton_launcher import TritonServer
+from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.live.triton_launcher import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -227,7 +227,7 @@ def test_policy_switch_is_guarded_and_takes_effect(sidecar, images):
 
 @pytest.fixture(scope="module")
 def perf_analyzer():
-    from loadtest.perf_analyzer import ensure
+    from scheduler_sidecar.experiments.perf_analyzer import ensure
 
     return ensure()
 
@@ -312,7 +312,7 @@ def test_ramsis_serves_separate_triton_models_live(fast_build, triton, images, t
     """RAMSIS (MDP policies generated at start) picks among statically exported subnets, each its own Triton model."""
     from export.profiler import SUPERNET_MODEL
     from export.repository import static_model_name
-    from scheduler_sidecar.profile import Actuation, LatencyCurve, Profile, Variant
+    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 
     candidates = sorted(fast_build.calibration.select(list(fast_build.static_ids)), key=lambda c: (c.accuracy, c.macs))
     device = fast_build.profile.device_kinds[0]

@@ -177,7 +177,7 @@ def _random_row(layout, rng: random.Random) -> tuple[int, ...]:
 
 def test_profile_validates_and_is_pareto(fast_build):
     """The profiler's file loads through the validator and no kept subnet is dominated."""
-    from scheduler_sidecar.profile import Profile
+    from scheduler_sidecar.core.profile import Profile
 
     profile = Profile.load(fast_build.profile_path)
     (device,) = profile.device_kinds

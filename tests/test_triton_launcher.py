@@ -11,7 +11,7 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from scheduler_sidecar.triton_launcher import TritonServer, TritonStartError, find_tritonserver
+from scheduler_sidecar.live.triton_launcher import TritonServer, TritonStartError, find_tritonserver
 
 pytestmark = pytest.mark.triton
 

@@ -1,0 +1,158 @@
+"""``accscale bench simulator`` and ``accscale bench slackfit``: the scheduling core's speed.
+
+- simulator: queries simulated per wall-clock second on a long bursty trace (SlackFit, the
+  paper-scale profile, 8 workers, SLO 36 ms); the requirement is 1,000,000 per minute.
+- slackfit: time of one ``decide()`` with a synthetic profile of many Pareto subnets and
+  batch sizes 1..16, on a queue of queued queries (paper: well under 1 ms); median and p99.
+- optimal-gap: each policy's objective (profiled accuracy summed over queries that meet
+  their SLO, Eq. 1) over the ZILP optimum, on small random bursty traces. The profile is
+  the paper-scale one cut to a few subnets and batch sizes, with latencies rounded up to
+  the ILP's time grid so that simulated schedules and the ILP live on the same grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from scheduler_sidecar.systems.superserve.reproduce import PAPER_PROFILE
+
+
+def register_bench(kinds: argparse._SubParsersAction) -> None:
+    p = kinds.add_parser("simulator", help="simulated queries per wall-clock second on a 1M-query trace",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--queries", type=int, default=1_000_000, help="trace length (default: 1,000,000)")
+    p.add_argument("--profile", type=Path, default=PAPER_PROFILE, help="profile (default: the paper-scale one)")
+    p.add_argument("--workers", type=int, default=8, help="workers (default: 8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_simulator)
+    s = kinds.add_parser("slackfit", help="SlackFit decision time with many Pareto subnets",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--subnets", type=int, default=1000, help="Pareto subnets in the profile (default: 1000)")
+    s.add_argument("--decisions", type=int, default=20_000, help="decide() calls timed (default: 20,000)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=run_slackfit)
+    g = kinds.add_parser("optimal-gap", help="policies' objective over the offline ZILP optimum on small traces",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("--traces", type=int, default=8, help="random traces (default: 8)")
+    g.add_argument("--queries", type=int, default=24, help="queries per trace (default: 24)")
+    g.add_argument("--workers", type=int, default=2, help="workers (default: 2)")
+    g.add_argument("--profile", type=Path, default=PAPER_PROFILE, help="profile to cut down (default: the paper's)")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=run_optimal_gap)
+
+
+def run_simulator(args: argparse.Namespace) -> int:
+    from loadtest.traces import bursty
+    from scheduler_sidecar.policies import make_policy
+    from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+
+    profile = Profile.load(args.profile)
+    base_qps, variant_qps = 1500.0, 5550.0
+    trace = bursty(base_qps, variant_qps, cv2=8, duration_s=args.queries / (base_qps + variant_qps), seed=0)
+    arrival_us = np.round(trace.arrival_s[: args.queries] * 1e6).astype(np.int64)
+    result = Simulator(make_policy("slackfit", profile), SimConfig(workers=args.workers)).run(
+        arrival_us, arrival_us + 36_000)
+    s = result.summary()
+    out = {"queries": s["queries"], "wall_seconds": s["wall_seconds"],
+           "queries_per_wall_second": s["queries_per_wall_second"],
+           "queries_per_wall_minute": 60 * s["queries_per_wall_second"],
+           "slo_attainment": s["slo_attainment"], "decisions": s["decisions"]}
+    print(json.dumps(out) if args.json else "\n".join(f"{k:>24}: {v}" for k, v in out.items()))
+    return 0
+
+
+def synthetic_pareto_profile(num_subnets: int, batch_sizes: tuple[int, ...] = tuple(range(1, 17))):
+    """A Pareto profile: accuracy 0.70..0.80 and latency both rising with the subnet index."""
+    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+
+    variants = []
+    for i in range(num_subnets):
+        per_sample_ms = 0.5 + 4.5 * i / max(num_subnets - 1, 1)
+        p50 = tuple(1.0 + per_sample_ms * b ** 0.8 for b in batch_sizes)
+        variants.append(Variant(f"s{i:04d}", 0.70 + 0.10 * i / max(num_subnets - 1, 1),
+                                Actuation("model", f"s{i:04d}"),
+                                {"sim": LatencyCurve(batch_sizes, p50, tuple(1.05 * x for x in p50))}))
+    return Profile("synthetic", "scheduler_sidecar/experiments/bench.py", tuple(variants))
+
+
+def run_slackfit(args: argparse.Namespace) -> int:
+    from scheduler_sidecar.core.records import EdfQueue, Query, WorkerState
+    from scheduler_sidecar.systems.superserve.slackfit import SlackFit
+
+    profile = synthetic_pareto_profile(args.subnets)
+    started = time.perf_counter()
+    policy = SlackFit(profile)
+    offline_ms = (time.perf_counter() - started) * 1e3
+    rng = np.random.default_rng(0)
+    workers = [WorkerState(0)]
+    samples = np.empty(args.decisions)
+    for i in range(args.decisions):
+        queue = EdfQueue()  # a fresh queue of 64 queries with a random head slack each time
+        slack_us = int(rng.integers(1_000, 120_000))
+        for j in range(64):
+            queue.push(Query(slack_us + j, j, j, 0))
+        view = queue.view()
+        start = time.perf_counter()
+        policy.decide(0, view, workers)
+        samples[i] = time.perf_counter() - start
+    out = {"subnets": args.subnets, "buckets": len(policy.buckets), "offline_ms": offline_ms,
+           "decide_median_us": float(np.median(samples) * 1e6), "decide_p99_us": float(np.percentile(samples, 99) * 1e6)}
+    print(json.dumps(out) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in out.items()))
+    return 0
+
+
+GAP_POLICIES = ("slackfit", "maxacc", "maxbatch", "infaas", "clipper")
+GAP_STEP_MS = 1
+
+
+def gridded(profile, num_variants: int = 4, batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)):
+    """``profile`` cut to a few variants and batch sizes, latencies rounded up to whole GAP_STEP_MS."""
+    import math
+    from dataclasses import replace
+
+    from scheduler_sidecar.core.profile import LatencyCurve
+
+    variants = []
+    for v in profile.spread(num_variants):
+        curve = v.latency[profile.device_kinds[0]]
+        p50 = tuple(float(GAP_STEP_MS * math.ceil(curve.p50_at(b) / GAP_STEP_MS)) for b in batch_sizes)
+        variants.append(replace(v, latency={"grid": LatencyCurve(batch_sizes, p50, p50)}))
+    return replace(profile, name=f"{profile.name}-grid", variants=tuple(variants))
+
+
+def run_optimal_gap(args: argparse.Namespace) -> int:
+    from scheduler_sidecar.core.records import Outcome
+    from scheduler_sidecar.systems.superserve.optimal import solve_optimal
+    from scheduler_sidecar.policies import make_policy
+    from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.sim.simulator import OUTCOME_CODES, SimConfig, Simulator
+
+    profile = gridded(Profile.load(args.profile))
+    rng = np.random.default_rng(0)
+    ratios: dict[str, list[float]] = {p: [] for p in GAP_POLICIES}
+    for _ in range(args.traces):
+        # a burst: arrivals on the 1 ms grid, packed into a window the workers cannot drain at full accuracy
+        window_ms = max(2, args.queries // (2 * args.workers))
+        arrival = np.sort(rng.integers(0, window_ms, args.queries)) * 1000
+        deadline = arrival + 36_000
+        optimum = solve_optimal(arrival.tolist(), deadline.tolist(), profile, workers=args.workers,
+                                time_step_us=GAP_STEP_MS * 1000).objective
+        for name in GAP_POLICIES:
+            sim = Simulator(make_policy(name, profile), SimConfig(workers=args.workers)).run(arrival, deadline)
+            met = sim.outcome == OUTCOME_CODES[Outcome.MET]
+            ratios[name].append(float(sim.accuracy[met].sum()) / optimum if optimum else 1.0)
+    out = {"traces": args.traces, "queries": args.queries, "workers": args.workers,
+           "objective_over_optimum": {p: {"mean": float(np.mean(r)), "min": float(np.min(r))}
+                                      for p, r in ratios.items()}}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for p, r in out["objective_over_optimum"].items():
+            print(f"{p:>10}: objective / ZILP optimum = {r['mean']:.3f} mean, {r['min']:.3f} worst")
+    return 0

@@ -1,0 +1,17 @@
+"""``accscale reproduce PAPER``: each paper system registers its reproduction here."""
+
+from __future__ import annotations
+
+import argparse
+
+from scheduler_sidecar.systems.ramsis import reproduce as ramsis
+from scheduler_sidecar.systems.superserve import reproduce as superserve
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    top = subparsers.add_parser("reproduce", help="reproduce a paper's experiments in simulation",
+                                description="Reproduces a paper's experiments in simulation: tables, plots and "
+                                            "summary.md. `accscale reproduce PAPER --help` lists its options.")
+    papers = top.add_subparsers(dest="paper", metavar="PAPER", required=True)
+    superserve.register(papers)
+    ramsis.register(papers)

@@ -1,0 +1,156 @@
+"""``accscale serve``: the scheduler sidecar, and :class:`SidecarServer` to run it from Python.
+
+The sidecar answers KServe v2 on a gRPC and an HTTP port in front of one or more Triton
+servers. Clients change nothing but one request parameter, ``slo_us``; see
+``scheduler_sidecar.server.config`` for the configuration file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Sequence
+
+from scheduler_sidecar.server import config as sidecar_config
+from scheduler_sidecar.live.triton_launcher import free_port, log_tail, wait_http_ready
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve", help="run the scheduler sidecar (KServe v2 gRPC + HTTP) in front of Triton workers",
+        description=__doc__ + "\n" + sidecar_config.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, help="TOML configuration file (flags below override it)")
+    p.add_argument("--triton", action="append", metavar="HOST:GRPC_PORT", dest="workers",
+                   help="a Triton worker's gRPC endpoint (repeatable; replaces the config's workers)")
+    p.add_argument("--profile", type=Path, help="serve one logical model from this profile (instead of [[models]])")
+    p.add_argument("--model-name", default="digits", help="name clients use for the --profile model (default: digits)")
+    p.add_argument("--policy", help="policy for the --profile model (default: slackfit)")
+    p.add_argument("--default-slo-ms", type=float, help="SLO of requests without slo_us, --profile model (default 50)")
+    p.add_argument("--queue-limit", type=int, help="queued requests before refusing, --profile model (default 1024)")
+    p.add_argument("--host", help="bind address of both ports (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, help="HTTP port (default 8100; 0 picks a free one)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default 8101; 0 picks a free one)")
+    p.add_argument("--admin-token", help="enable the admin endpoints with this bearer token "
+                   "(or set ACCSCALE_ADMIN_TOKEN)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> sidecar_config.SidecarConfig:
+    models = None
+    if args.profile is not None:
+        spec = {"name": args.model_name, "profile": str(args.profile)}
+        for key, value in (("policy", args.policy), ("queue_limit", args.queue_limit),
+                           ("default_slo_us", None if args.default_slo_ms is None else round(args.default_slo_ms * 1e3))):
+            if value is not None:
+                spec[key] = value
+        models = [spec]
+    elif args.policy or args.default_slo_ms or args.queue_limit:
+        raise ValueError("--policy, --default-slo-ms and --queue-limit go with --profile; set them per model "
+                         "in the config file otherwise")
+    return sidecar_config.load(
+        args.config, models=models, workers=args.workers, host=args.host, http_port=args.http_port,
+        grpc_port=args.grpc_port, admin_token=args.admin_token or os.environ.get("ACCSCALE_ADMIN_TOKEN"))
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    asyncio.run(serve(config))
+    return 0
+
+
+async def serve(config: sidecar_config.SidecarConfig) -> None:
+    """Run the sidecar until SIGINT or SIGTERM."""
+    from scheduler_sidecar.server import grpc_frontend, http_frontend
+    from scheduler_sidecar.server.service import Sidecar
+
+    sidecar = Sidecar(config)
+    await sidecar.start()
+    grpc_server, grpc_port = await grpc_frontend.start(sidecar, config.host, config.grpc_port)
+    http_runner, http_port = await http_frontend.start(sidecar, config.host, config.http_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"accscale sidecar ready: gRPC {config.host}:{grpc_port}, HTTP {config.host}:{http_port} "
+          f"(metrics at http://{config.host}:{http_port}/metrics)", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        await grpc_server.stop(grace=1.0)
+        await http_runner.cleanup()
+        await sidecar.close()
+
+
+class SidecarServer:
+    """``accscale serve`` in a subprocess on free loopback ports, ready once ``start()`` returns."""
+
+    def __init__(self, *, workers: Sequence[str], profile: Path | None = None, config: Path | None = None,
+                 extra_args: Sequence[str] = (), python_args: Sequence[str] = (),
+                 ready_timeout_s: float = 60.0) -> None:
+        self.host = "127.0.0.1"
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        while self.grpc_port == self.http_port:
+            self.grpc_port = free_port()
+        self._args = [*(a for w in workers for a in ("--triton", w)),
+                      *(("--profile", str(profile)) if profile else ()),
+                      *(("--config", str(config)) if config else ()),
+                      "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *extra_args]
+        fd, name = tempfile.mkstemp(prefix="accscale-sidecar-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(name)
+        self._python_args = list(python_args)  # e.g. ["-m", "cProfile", "-o", FILE]
+        self._ready_timeout_s = ready_timeout_s
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as out:
+            self._proc = subprocess.Popen([sys.executable, *self._python_args, "-m", "scheduler_sidecar.cli", "serve",
+                                           *self._args],
+                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        failure = wait_http_ready(self._proc, self.http_url, self._ready_timeout_s)
+        if failure:
+            self.stop()
+            raise RuntimeError(f"the sidecar {failure}; last lines of {self.log_path}:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def log_tail(self, n_lines: int = 40) -> str:
+        return log_tail(self.log_path, n_lines)
+
+    def __enter__(self) -> "SidecarServer":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+        if exc is None:
+            self.log_path.unlink(missing_ok=True)

@@ -1,0 +1,250 @@
+"""RAMSIS (EuroSys '24) online, and its load-granular baselines Jellyfish+ and ModelSwitching.
+
+NOTE on RAMSIS online (§3.2, Fig. 1). Every arrival goes round-robin to one worker's own
+queue (``observe_arrival``); a 500 ms load monitor picks the lowest-load MDP policy at or
+above the observed load; a free worker with queued queries looks up (n, slack of its
+earliest deadline) in that policy and runs the chosen model on its n earliest queries
+(maximal batching). The global EDF queue only mirrors the union of the worker queues.
+The MDP policies come from ``policy_dir`` (``accscale ramsis generate``, the paper's offline
+phase), or are generated in the constructor for ``loads`` (seconds per load: fine for the
+simulator, too slow to do while a live sidecar starts with many workers).
+
+NOTE on the baselines (§7, digest A13). Jellyfish+ and ModelSwitching keep no worker
+queues: every free worker eagerly takes up to the adaptive-batching maximum of queries
+from the central EDF queue and runs the one model its method chose for the current load
+(the same 500 ms monitor, the lowest grid load at or above it). The per-load choices come
+from ``baselines.py`` beside this module and are computed in the constructor. The driver-free
+parts (load monitor, worker queues) are in ``online.py``.
+
+# Ambiguity (digest A6): a worker queue longer than N_w. Chosen: the policy's full-state
+# action (the fastest model) on the N_w earliest queries, the rest stay queued; batches never
+# exceed the profile's largest batch size, which a driver can run.
+# Ambiguity (§4.3.1, §7): late queries. The paper serves them ("better served late than
+# never"; no method drops), which ``late_queries="serve"`` does (``accscale simulate`` and
+# ``accscale reproduce ramsis`` pass it). Chosen class default: the project's ``drop`` (a live
+# client gets DEADLINE_EXCEEDED at once): a worker's head queries whose slack is below the
+# fastest model's batch-1 latency are dropped before the lookup.
+# Ambiguity: the workers seen online differ from the K the policies were made for. Chosen:
+# slot k is served by the k-th healthy worker by id (a failed worker's queue moves to the
+# next one); with fewer healthy workers than K, the slots beyond them are skipped by the
+# round-robin and their queries re-routed; workers beyond K stay idle. Regenerate for K.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, QueueView, WorkerState
+from scheduler_sidecar.core.policy import LateQueries, Policy
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.systems.ramsis.baselines import (
+    PROFILE_SECONDS,
+    StaticChoice,
+    jellyfish_plus_choice,
+    modelswitching_choice,
+)
+from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, ModelTable, from_profile
+from scheduler_sidecar.systems.ramsis.online import LOAD_WINDOW_MS, LoadMonitor, LoadTable, WorkerQueues
+from scheduler_sidecar.systems.ramsis.policy_file import RamsisPolicy
+
+SLACK_STEPS = 100  # D (§6), as scheduler_sidecar.systems.ramsis.mdp (not imported here: it pulls in scipy)
+LOAD_STEP_QPS = 100.0  # baselines' default load grid step (ModelSwitching's profiling grid, §7)
+
+
+def _table(profile: Profile, device: str, latency_stat: str) -> ModelTable:
+    """The profile's Pareto models (§4.3.3); the baselines choose among the same models."""
+    sizes = profile.variants[0].latency[device].batch_sizes
+    return from_profile(profile, device, latency_stat, max(MAX_QUEUE, sizes[-1])).pareto()
+
+
+def _loads(loads: Sequence[float] | str | None) -> list[float] | None:
+    if loads is None:
+        return None
+    values = [float(x) for x in (loads.split(",") if isinstance(loads, str) else loads)]
+    if not values or min(values) <= 0:
+        raise ValueError(f"loads must be positive queries per second, got {loads!r}")
+    return sorted(set(values))
+
+
+class Ramsis(Policy):
+    """RAMSIS: round-robin worker queues, per-worker MDP policy lookup (see the module note).
+
+    Options: ``policy_dir`` (a set from ``accscale ramsis generate``; it fixes K and the SLO,
+    and ``workers``/``slo_ms``, if given, must match), or ``slo_ms``, ``workers`` and ``loads``
+    (q/s, a list or "L1,L2") to generate now with ``slack_steps`` (D) from the profile's
+    ``latency_stat`` curve; ``window_ms`` is the load monitor's window.
+    """
+
+    name = "ramsis"
+
+    def __init__(self, profile: Profile, *, policy_dir: str | Path | None = None, slo_ms: float | None = None,
+                 workers: int | None = None, loads: Sequence[float] | str | None = None,
+                 window_ms: float = LOAD_WINDOW_MS, latency_stat: str = "p99_ms", slack_steps: int = SLACK_STEPS,
+                 **options) -> None:
+        super().__init__(profile, **options)
+        self.max_batch = profile.variants[0].latency[self.device].batch_sizes[-1]
+        from scheduler_sidecar.systems.ramsis.generate import generate_set, load_set
+        from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
+
+        if policy_dir is not None:
+            policies = load_set(policy_dir)
+        else:
+            if slo_ms is None or workers is None or loads is None:
+                raise ValueError("ramsis: give policy_dir (from `accscale ramsis generate`), or slo_ms, workers and "
+                                 "loads to generate the policies now")
+            table = _table(profile, self.device, latency_stat)
+            spec = MdpSpec(float(slo_ms), int(workers), 1.0, slack_steps, min(MAX_QUEUE, self.max_batch))
+            policies, _ = generate_set(table, spec, _loads(loads), refine=False)
+        self.policies = policies
+        self.workers = self._check(policies, workers, slo_ms, policy_dir)
+        self.slo_ms = float(policies[0].meta["slo_ms"])
+        self.table: LoadTable[RamsisPolicy] = LoadTable((p.load_qps, p) for p in policies)
+        self.monitor = LoadMonitor(window_ms)
+        self.queues = WorkerQueues(self.workers)
+        fastest = min(self.profile.variants, key=lambda v: v.latency[self.device].p50_at(1))
+        self.fastest_us = self.latency_us(fastest, 1)
+        self.picks: Counter[float] = Counter()  # policy load -> decisions that used it
+
+    def _check(self, policies: list[RamsisPolicy], workers, slo_ms, source) -> int:
+        variants = {v.id for v in self.profile.variants}
+        for p in policies:
+            missing = sorted(set(p.model_ids) - variants)
+            if missing:
+                raise ValueError(f"ramsis: policy {p.source or p.load_qps} names model(s) {missing} that profile "
+                                 f"{self.profile.name!r} does not have")
+        ks = {int(p.meta["workers"]) for p in policies}
+        slos = {float(p.meta["slo_ms"]) for p in policies}
+        if len(ks) != 1 or len(slos) != 1:
+            raise ValueError(f"ramsis: {source}: policies for several worker counts {sorted(ks)} or SLOs "
+                             f"{sorted(slos)}; a set is for one (K, SLO)")
+        if workers is not None and int(workers) not in ks:
+            raise ValueError(f"ramsis: {source} holds policies for K = {ks.pop()} workers, not {workers}; "
+                             "generate them for this K (the transitions depend on it, digest A10)")
+        if slo_ms is not None and float(slo_ms) not in slos:
+            raise ValueError(f"ramsis: {source} holds policies for SLO {slos.pop()} ms, not {slo_ms}")
+        return ks.pop()
+
+    # ------------------------------------------------------------------ driver calls
+    def observe_arrival(self, now_us: int, query: Query) -> None:
+        self.monitor.observe(now_us)
+        self.queues.route(query)
+
+    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
+        wq = self.queues
+        if len(wq) != len(queue):
+            wq.reconcile(queue.scan())  # queries we never saw (a retried batch) or that left without us
+        slot_workers = self._slot_workers(workers)
+        if not wq.nonempty:
+            return EMPTY
+        policy = self.table.pick(self.monitor.load_qps(now_us))
+        dispatches, dropped = [], []
+        for slot in sorted(wq.nonempty):
+            if slot >= len(slot_workers) or slot_workers[slot].busy_until_us is not None:
+                continue
+            heap = wq.queues[slot]
+            if self.late_queries is LateQueries.DROP:
+                while heap and self.slack_us(now_us, heap[0]) < self.fastest_us:
+                    dropped.append(wq.take(slot, 1)[0].id)
+                if not heap:
+                    continue
+            model, batch = policy.action(len(heap), self.slack_us(now_us, heap[0]) / 1000.0)
+            queries = wq.take(slot, min(batch, self.max_batch))
+            dispatches.append(Dispatch(slot_workers[slot].id, model, tuple(q.id for q in queries)))
+            self.picks[policy.load_qps] += 1
+        return Decision(tuple(dispatches), tuple(dropped))
+
+    def _slot_workers(self, workers: Sequence[WorkerState]) -> list[WorkerState]:
+        """Slot k's worker is the k-th healthy one by id; slots beyond them are dead, their queries re-routed."""
+        healthy = sorted((w for w in workers if w.healthy), key=lambda w: w.id)[: self.workers]
+        wq = self.queues
+        if len(healthy) != wq.slots - len(wq.dead):
+            wq.dead = set(range(len(healthy), wq.slots))
+            if healthy:
+                for slot in wq.dead & wq.nonempty:
+                    wq.evacuate(slot)
+        return healthy
+
+
+class _LoadGranular(Policy):
+    """A baseline: one (model, max batch) per load; free workers eagerly pull from the central queue.
+
+    Options: ``slo_ms`` and ``workers`` (K) are required, because the choice depends on both;
+    ``loads`` is the grid the choices are computed on (default: every 100 q/s up to the
+    fastest model's peak over K workers; ModelSwitching simulates ``profile_s`` seconds per
+    (load, model) there, so give a short grid or ``profile_s`` where start-up time matters).
+    """
+
+    def __init__(self, profile: Profile, *, slo_ms: float | None = None, workers: int | None = None,
+                 loads: Sequence[float] | str | None = None, window_ms: float = LOAD_WINDOW_MS,
+                 latency_stat: str = "p99_ms", **options) -> None:
+        super().__init__(profile, **options)
+        if slo_ms is None or workers is None:
+            raise ValueError(f"{self.name}: needs slo_ms and workers (its per-load choice depends on both)")
+        self.slo_ms, self.workers = float(slo_ms), int(workers)
+        self.max_batch = profile.variants[0].latency[self.device].batch_sizes[-1]
+        table = _table(profile, self.device, latency_stat)
+        grid = _loads(loads) or self.default_loads(table)
+        self.table: LoadTable[StaticChoice] = LoadTable((x, self.choose(table, x)) for x in grid)
+        self.monitor = LoadMonitor(window_ms)
+        fastest = min(self.profile.variants, key=lambda v: v.latency[self.device].p50_at(1))
+        self.fastest_us = self.latency_us(fastest, 1)
+        self.picks: Counter[str] = Counter()  # model -> batches it ran
+
+    def default_loads(self, table: ModelTable) -> list[float]:
+        """Every LOAD_STEP_QPS up to the fastest model's peak throughput over the K workers."""
+        peak = self.workers * 1000.0 * max(b / table.latency(m, b) for m in range(len(table.model_ids))
+                                           for b in range(1, table.max_batch + 1))
+        return [LOAD_STEP_QPS * k for k in range(1, int(peak // LOAD_STEP_QPS) + 2)]
+
+    @abc.abstractmethod
+    def choose(self, table: ModelTable, load_qps: float) -> StaticChoice:
+        """The (model, max batch) this baseline runs at ``load_qps``."""
+
+    def observe_arrival(self, now_us: int, query: Query) -> None:
+        self.monitor.observe(now_us)
+
+    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
+        free = [w for w in workers if w.is_free]
+        if not free or not queue:
+            return EMPTY
+        dropped = self.drop_or_serve(now_us, queue, self.fastest_us)
+        if dropped:
+            return dropped
+        choice = self.table.pick(self.monitor.load_qps(now_us))
+        size = min(choice.max_batch, self.max_batch)
+        heads = queue.head(size * len(free))
+        dispatches = []
+        for i, w in enumerate(free):
+            ids = tuple(q.id for q in heads[i * size: (i + 1) * size])
+            if not ids:
+                break
+            dispatches.append(Dispatch(w.id, choice.model_id, ids))
+            self.picks[choice.model_id] += 1
+        return Decision(tuple(dispatches))
+
+
+class JellyfishPlus(_LoadGranular):
+    """Jellyfish+: the most accurate model whose K-worker throughput covers the load at latency <= SLO/2."""
+
+    name = "jellyfish"
+
+    def choose(self, table: ModelTable, load_qps: float) -> StaticChoice:
+        return jellyfish_plus_choice(table, load_qps, self.workers, self.slo_ms)
+
+
+class ModelSwitching(_LoadGranular):
+    """ModelSwitching: the most accurate model with < 1 % of queries late in a simulated profiling run."""
+
+    name = "modelswitching"
+
+    def __init__(self, profile: Profile, *, profile_s: float = PROFILE_SECONDS, seed: int = 0, **options) -> None:
+        self.profile_s, self.seed = float(profile_s), int(seed)
+        super().__init__(profile, **options)
+
+    def choose(self, table: ModelTable, load_qps: float) -> StaticChoice:
+        return modelswitching_choice(table, load_qps, self.workers, self.slo_ms, duration_s=self.profile_s,
+                                     seed=self.seed)

@@ -1,0 +1,81 @@
+"""SlackFit (SuperServe section 4.2, A.4, A.5).
+
+NOTE on the policy. Offline, every (Pareto subnet, batch size) pair is placed on one axis,
+its profiled latency; the range from the least accurate subnet at batch 1 to the most
+accurate at the largest batch is cut into ``num_buckets`` evenly spaced buckets, and each
+bucket keeps the pair with the largest batch. Online, when a worker is free, SlackFit takes
+the slack of the earliest-deadline query and runs the bucket whose latency is closest to
+but not above it, on that many earliest-deadline queries. Bursts shrink the slack, so it
+moves to small subnets and large batches; light load moves it to accurate subnets.
+
+# Ambiguity (digest A1): the number of buckets. Chosen: a parameter, default 32.
+# Ambiguity (digest A2): bucket membership. Chosen: A.5's band reading (a bucket holds the
+# pairs whose latency falls in its band), because the cumulative reading makes almost every
+# bucket pick batch 16 and collapses SlackFit into MaxBatch.
+# Ambiguity (digest A3): ties within a bucket. Chosen: the more accurate subnet.
+# Ambiguity (digest A4): the latency a bucket is matched on. Chosen: the chosen pair's own
+# profiled latency, not the band's upper edge, so a choice never exceeds the slack.
+# Ambiguity (digest A7): fewer queued queries than the bucket's batch. Chosen: run those.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from scheduler_sidecar.core.policy import HeadSlackPolicy
+from scheduler_sidecar.core.profile import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    latency_us: int  # profiled latency of (variant, batch_size)
+    variant_id: str
+    batch_size: int
+    accuracy: float
+
+
+def build_buckets(profile: Profile, device: str, num_buckets: int, latency_us) -> list[Bucket]:
+    """SlackFit's offline phase; buckets sorted by latency, non-empty bands only."""
+    variants = profile.variants  # ascending accuracy
+    sizes = variants[0].latency[device].batch_sizes
+    lo = latency_us(variants[0], sizes[0])
+    hi = latency_us(variants[-1], sizes[-1])
+    width = max(hi - lo, 1) / num_buckets
+    best: dict[int, Bucket] = {}
+    for v in variants:
+        for b in sizes:
+            lat = latency_us(v, b)
+            if lat > hi:
+                continue
+            band = min(int((lat - lo) / width), num_buckets - 1) if lat > lo else 0
+            cand = Bucket(lat, v.id, b, v.accuracy)
+            cur = best.get(band)
+            if cur is None or (b, v.accuracy) > (cur.batch_size, cur.accuracy):
+                best[band] = cand
+    return sorted(best.values(), key=lambda k: (k.latency_us, -k.batch_size))
+
+
+class SlackFit(HeadSlackPolicy):
+    """On a free worker, serve the bucket nearest below the head query's slack."""
+
+    name = "slackfit"
+
+    def __init__(self, profile: Profile, *, num_buckets: int = 32, **options) -> None:
+        super().__init__(profile, **options)
+        if num_buckets < 1:
+            raise ValueError("num_buckets must be >= 1")
+        self.buckets = build_buckets(profile, self.device, num_buckets, self.latency_us)
+        self._latencies = [k.latency_us for k in self.buckets]
+        self.fastest_us = self._latencies[0]
+
+    def bucket(self, slack_us: int) -> Bucket | None:
+        """The bucket with the largest latency <= slack; None if even the fastest is slower."""
+        i = bisect.bisect_right(self._latencies, slack_us)
+        return self.buckets[i - 1] if i else None
+
+    def choose(self, slack_us: int) -> tuple[str, int] | None:
+        bucket = self.bucket(slack_us)
+        return (bucket.variant_id, bucket.batch_size) if bucket else None
+
+    def fastest(self) -> tuple[str, int]:
+        return self.buckets[0].variant_id, self.buckets[0].batch_size
