@@ -63,7 +63,7 @@ def make_queries(n: int = 8, slo_us: int = 36_000, gap_us: int = 0, start_us: in
 
 
 def make_queue(queries) -> object:
-    from scheduler_sidecar.core.records import EdfQueue
+    from scheduler_sidecar.core.queue import EdfQueue
 
     queue = EdfQueue()
     for q in queries:

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from scheduler_sidecar.core.records import EdfQueue, PolicyError, Query
+from scheduler_sidecar.core.queue import EdfQueue
+from scheduler_sidecar.core.records import PolicyError, Query
 from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.systems.superserve.baselines import ClipperPlus, Infaas
 from scheduler_sidecar.systems.superserve.greedy import MaxAcc, MaxBatch
@@ -34,7 +35,7 @@ def test_online_choice_never_exceeds_the_slack():
     """For any slack the chosen bucket's latency fits it (or no bucket is chosen)."""
     policy = SlackFit(PROFILE)
     for slack in range(0, 200_000, 777):
-        bucket = policy.bucket(slack)
+        bucket = policy.menu().bucket(slack)
         assert bucket is None or bucket.latency_us <= slack
         if bucket is not None:  # and it is the closest one below
             assert all(b.latency_us <= bucket.latency_us or b.latency_us > slack for b in policy.buckets)
@@ -79,11 +80,11 @@ def test_no_free_worker_means_no_decision():
 @pytest.mark.parametrize("cls", [MaxAcc, MaxBatch])
 def test_greedy_choices_fit_and_follow_their_priority(cls):
     """MaxAcc maximises accuracy then batch; MaxBatch batch then accuracy; both within the slack."""
-    policy = cls(PROFILE)
+    table = cls(PROFILE).menu()
     for slack in range(1_500, 120_000, 1_313):
-        s, b = policy.pick(slack)
-        assert policy.table[s][b] <= slack
-        feasible = [(si, bi) for si in range(6) for bi in range(16) if policy.table[si][bi] <= slack]
+        s, b = cls.pick(table, slack)
+        assert table.rows[s][b] <= slack
+        feasible = [(si, bi) for si in range(6) for bi in range(16) if table.rows[si][bi] <= slack]
         if cls is MaxAcc:
             assert (s, b) == max(feasible)
         else:

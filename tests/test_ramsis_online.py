@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from loadtest.traces import poisson
-from scheduler_sidecar.core.records import EdfQueue, Query, WorkerState, apply
+from scheduler_sidecar.core.queue import EdfQueue
+from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.systems.ramsis import LATENCY_CSV
 from scheduler_sidecar.systems.ramsis.generate import generate_set
@@ -99,7 +100,9 @@ def test_each_worker_looks_up_its_own_queue(image_profile, policy_dir):
         n = len(by_worker[wid].query_ids)
         slack_ms = (q(head, 1000 * head).deadline_us - now) / 1000
         assert (by_worker[wid].variant_id, n) == mdp.action(n, slack_ms)
-    apply(decision, queue, workers, now, lambda v, b: 1000)
+    for d in decision.dispatches:  # as the engine carries it out
+        queue.remove(d.query_ids)
+        workers[d.worker_id] = WorkerState(d.worker_id, busy_until_us=now + 1000)
     assert policy.decide(now, queue.view(), workers).is_empty  # worker 1's queries wait for worker 1
 
 

@@ -287,7 +287,7 @@ def test_a_killed_worker_loses_no_request(fast_build, images):
         # a new worker can be added while the sidecar runs
         with TritonServer(repository=fast_build.repository) as c:
             status, body = admin(server, "/v2/admin/workers", {"url": c.grpc_url})
-            assert status == 200 and body["slots"] == {"digits": 1}
+            assert status == 200 and body["slots"] == 1  # worker slots are shared by every logical model
             assert metric(metrics(server), "accscale_worker_healthy", endpoint=c.grpc_url) == 1
 
 

@@ -1,42 +1,47 @@
-"""The policy interface: how the drivers call a policy, and what it may assume.
+"""The policy interface: how the engine calls a policy, and what it may assume.
 
 A policy is a plain object built from a :class:`~scheduler_sidecar.core.profile.Profile` and its
-options. Drivers (the discrete-event simulator and the live sidecar) call::
+options; it serves one query type (one logical model). The engine calls::
 
     decision = policy.decide(now_us, queue, workers)
 
-after every arrival, every completion and every requested wakeup, and call it again until
-it returns an empty decision, applying each decision (:func:`scheduler_sidecar.core.records.apply`)
-before the next call. ``queue`` is a read-only view of the global EDF queue;
-``workers`` are :class:`~scheduler_sidecar.core.records.WorkerState` records. A policy never sleeps,
-awaits, reads the clock or does I/O: the same object runs on simulated and on wall time.
-``observe_arrival`` and ``observe_completion`` tell it what happened, for policies that
-keep statistics (their default does nothing).
+after every arrival, completion, worker change, load, plan and requested wakeup (with an empty
+queue too, so a policy that keeps time gets its turn), and calls it again until it returns an
+empty decision, applying each decision before the next call. ``queue`` is a read-only view of
+the query type's EDF queue; ``workers`` are the :class:`~scheduler_sidecar.core.records.WorkerState`
+of the pool's workers that hold one of the type's models. Several query types share the pool:
+a worker one type's policy dispatched to is busy when the next type's policy looks. A policy
+never sleeps, awaits, reads the clock or does I/O: the same object runs on simulated and on
+wall time. ``observe_arrival``, ``observe_completion`` and ``observe_plan`` tell it what
+happened, for policies that keep state (their default does nothing).
 
-How the other systems fit without changing this interface:
+Latency comes from ``self.latency`` (:class:`~scheduler_sidecar.core.latency.LatencyTable`),
+per (variant, batch size, device kind of the worker); the live driver rescales it in place.
 
-- **RAMSIS** (per-worker queues, MDP lookup): the policy routes each arrival round-robin to
-  a worker in ``observe_arrival`` and keeps those per-worker assignments itself; its load
-  monitor counts arrivals there too (the window is measured in the ``now_us`` it is given).
-  In ``decide`` it looks up (queue length, head slack) of a free worker's own queries in
-  the MDP table of the current load and dispatches only those query ids.
-- **Proteus / Loki** (periodic plans plus per-query routing): ``decide`` re-plans when
-  ``now_us`` crosses a period boundary (the MILP runs inside, on the counts it observed),
-  returns ``wakeup_us`` for the next boundary or adaptive-batching timeout, and routes
-  queries to workers according to the plan; early dropping is ``Decision.dropped``.
-- **Cascades** (HybridServe) and **pipelines** (Loki): a dispatch names a cascade or
-  pipeline variant and carries its thresholds or per-stage budgets in ``Dispatch.params``;
-  the BLS model in Triton enforces them.
+How the other systems fit:
+
+- **RAMSIS** (per-worker queues, MDP lookup): routes each arrival to a worker in
+  ``observe_arrival``, and in ``decide`` looks up a free worker's (queue length, head slack).
+- **Proteus / Loki** (periodic plans plus per-query routing): a :class:`~scheduler_sidecar.core.plan.Planner`
+  places variants on workers; ``observe_plan`` hands its routing to the policy, which routes
+  queries to workers by it and returns ``wakeup_us`` for an adaptive-batching timeout; early
+  dropping is ``Decision.dropped``; a policy may also load and unload models itself.
+- **Pipelines and cascades**: a batch's result creates follow-up queries (the next stage, an
+  escalation) of another query type; a dispatch may carry per-batch settings in ``Dispatch.params``.
 """
 
 from __future__ import annotations
 
 import abc
 import enum
-from typing import ClassVar, Sequence
+from typing import ClassVar, Generic, Protocol, Sequence, TypeVar
 
-from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, QueueView, Query, QueryRecord, WorkerState
+from scheduler_sidecar.core.latency import LatencyTable
+from scheduler_sidecar.core.plan import Plan
 from scheduler_sidecar.core.profile import Profile, Variant
+from scheduler_sidecar.core.queue import QueueView
+from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, QueryRecord, WorkerState
+from scheduler_sidecar.errors import ConfigError
 
 
 class LateQueries(str, enum.Enum):
@@ -57,10 +62,12 @@ class Policy(abc.ABC):
     def __init__(self, profile: Profile, *, device: str | None = None,
                  late_queries: LateQueries | str = LateQueries.DROP, overhead_us: int = 0) -> None:
         self.profile = profile
+        # the device kind offline choices are made for (RAMSIS' MDPs); decide() reads each worker's own
         self.device = device or profile.device_kinds[0]
         if self.device not in profile.device_kinds:
-            raise ValueError(f"profile {profile.name!r} has no latency for device {self.device!r}; "
-                             f"it has {list(profile.device_kinds)}")
+            raise ConfigError(f"profile {profile.name!r} has no latency for device {self.device!r}; "
+                              f"it has {list(profile.device_kinds)}")
+        self.latency = LatencyTable(profile)
         self.late_queries = LateQueries(late_queries)
         # Ambiguity (digest A5, A22): slack = deadline - now - overhead_us, where overhead_us
         # covers dispatch and RPC time the profile does not include (0 in simulation).
@@ -76,8 +83,15 @@ class Policy(abc.ABC):
     def observe_completion(self, now_us: int, records: Sequence[QueryRecord]) -> None:
         """A batch finished (its queries met or missed their deadlines)."""
 
-    def latency_us(self, variant: Variant, batch_size: int) -> int:
-        return round(variant.latency[self.device].p50_at(batch_size) * 1000)
+    def observe_plan(self, now_us: int, plan: Plan) -> None:
+        """A new plan is in force (its placement is being carried out)."""
+
+    def latency_us(self, variant: Variant, batch_size: int, device: str | None = None) -> int:
+        return self.latency.us(variant.id, batch_size, device or self.device)
+
+    def quickest_us(self, device: str | None = None) -> int:
+        """The quickest option on ``device``: some variant at batch 1."""
+        return min(self.latency_us(v, 1, device) for v in self.profile.variants)
 
     def slack_us(self, now_us: int, query: Query) -> int:
         return query.deadline_us - now_us - self.overhead_us
@@ -94,34 +108,57 @@ class Policy(abc.ABC):
         return Decision(dropped=tuple(dropped)) if dropped else None
 
 
-class HeadSlackPolicy(Policy):
-    """A policy that decides from the earliest-deadline query's slack alone (SuperServe A.4).
+class Menu(Protocol):
+    """A head-slack policy's options on one device kind, derived from the latency table."""
 
-    On the first free worker: drop what cannot make it (per ``late_queries``), then run
-    ``choose(slack_us)`` on that many earliest-deadline queries. Subclasses set
-    ``fastest_us`` (their quickest option) and implement ``choose``.
-    """
+    fastest_us: int  # latency of the quickest option
 
-    fastest_us: int
-
-    @abc.abstractmethod
     def choose(self, slack_us: int) -> tuple[str, int] | None:
         """(variant id, batch size) within ``slack_us``; None if no option fits."""
 
-    @abc.abstractmethod
     def fastest(self) -> tuple[str, int]:
         """The quickest option, used when LateQueries.SERVE runs a query no option fits."""
 
+
+M = TypeVar("M", bound=Menu)
+
+
+class HeadSlackPolicy(Policy, Generic[M]):
+    """A policy that decides from the earliest-deadline query's slack alone (SuperServe A.4).
+
+    On the first free worker: drop what cannot make it (per ``late_queries``), then run the
+    menu's choice for the slack on that many earliest-deadline queries. Subclasses build the
+    menu of one device kind (:meth:`build_menu`); it is cached until the latency table changes.
+    """
+
+    def __init__(self, profile: Profile, **options) -> None:
+        super().__init__(profile, **options)
+        self._menus: dict[str, tuple[int, M]] = {}  # device kind -> (latency table version, menu)
+
+    @abc.abstractmethod
+    def build_menu(self, device: str) -> M:
+        """The options on ``device`` from ``self.latency``."""
+
+    def menu(self, device: str | None = None) -> M:
+        device = device or self.device
+        cached = self._menus.get(device)
+        if cached is None or cached[0] != self.latency.version:
+            cached = self._menus[device] = (self.latency.version, self.build_menu(device))
+        return cached[1]
+
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
-        worker = next((w for w in workers if w.is_free), None)
-        if worker is None or not queue:
+        if not queue:
             return EMPTY
-        dropped = self.drop_or_serve(now_us, queue, self.fastest_us)
+        worker = next((w for w in workers if w.is_free), None)
+        if worker is None:
+            return EMPTY
+        menu = self.menu(worker.device)
+        dropped = self.drop_or_serve(now_us, queue, menu.fastest_us)
         if dropped:
             return dropped
-        variant_id, batch_size = self.choose(self.slack_us(now_us, queue.peek())) or self.fastest()
+        variant_id, batch_size = menu.choose(self.slack_us(now_us, queue.peek())) or menu.fastest()
         ids = tuple(q.id for q in queue.head(batch_size))
         return Decision((Dispatch(worker.id, variant_id, ids),))
 
 
-__all__ = ["EMPTY", "HeadSlackPolicy", "LateQueries", "Policy"]
+__all__ = ["EMPTY", "HeadSlackPolicy", "LateQueries", "Menu", "Policy"]

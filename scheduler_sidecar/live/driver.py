@@ -1,28 +1,26 @@
-"""The live driver: the simulator's loop on the wall clock, with real Triton workers.
+"""The live driver: the engine on the wall clock, with real workers behind the :class:`Worker` seam.
 
-For each logical model a :class:`LiveModel` holds the EDF queue, the policy and one worker
-slot per Triton model instance. Every arrival, completion, worker change and requested
-wakeup runs :meth:`LiveModel.schedule`, which asks the policy to decide until it has
-nothing more to do and applies each decision with :func:`~scheduler_sidecar.core.records.apply`,
-exactly as the simulator does; ``schedule`` never awaits, so a decision always sees a
-consistent queue. Each dispatched batch runs as its own task: one ``ModelInfer`` on the
-slot's endpoint with the rows concatenated and the variant's control row (supernet) or
-model name (separate models), and its output split back into one answer per request.
+One :class:`LiveDriver` per shared worker pool. Each logical model is a query type of its
+engine (:class:`LiveModel` is what the front ends see of it), and every model instance of a
+worker is one worker slot shared by all types, so two logical models never run two batches on
+one slot at once. The driver supplies the clock and the executor: a dispatched batch becomes
+one ``infer`` call on the slot's worker, with the rows concatenated and the variant's control
+row (supernet) or model name (separate models), and its output split back into one answer per
+request; a load or unload goes to Triton's model-control API; a plan is solved in a thread, so
+a long solve never blocks requests.
 
-Latency calibration (``ModelSpec.latency_calibration``, on by default). A profile is
-measured on an idle worker; under load, on a shared CPU, batches can run well over their
-profiled p50, and a policy that trusts the profile then plans batches that miss their
-deadlines. The driver keeps the ratio of each batch's measured service time to its profiled
-p50 over the last ``CALIBRATION_WINDOW`` batches and, when the window's 90th percentile
-moves more than ``CALIBRATION_TOLERANCE`` from the factor in use, rebuilds the policy on the
-profile scaled by it. The policy stays a pure function of what it is given; only its input
-is corrected.
+Latency calibration (``ModelSpec.latency_calibration``, on by default). A profile is measured
+on an idle worker; under load, on a shared CPU, batches can run well over their profiled p50,
+and a policy that trusts the profile then plans batches that miss their deadlines. The driver
+keeps the ratio of each batch's measured service time to its profiled p50 over the last
+``CALIBRATION_WINDOW`` batches and, when the window's 90th percentile moves more than
+``CALIBRATION_TOLERANCE`` from the factor in use, scales the latency table the policy reads by
+it. The policy object, and whatever state it keeps, stays.
 
-Every request ends exactly once: answered (met or late), dropped by the policy
-(DEADLINE_EXCEEDED), refused on arrival (INVALID_ARGUMENT/UNAVAILABLE), or failed. A batch
-whose worker fails goes back to the queue while its requests have attempts and time left,
-and is answered with UNAVAILABLE otherwise. A request whose client leaves is taken off the
-queue (or its answer discarded if it is already running).
+Every request ends exactly once (the engine's records): answered (met or late), dropped by the
+policy (DEADLINE_EXCEEDED), refused on arrival (INVALID_ARGUMENT/UNAVAILABLE), or failed. A
+batch whose worker is lost goes back to the queue while its requests have attempts left. A
+request whose client leaves is taken off the queue (or its answer discarded if it is running).
 """
 
 from __future__ import annotations
@@ -32,339 +30,367 @@ import collections
 import itertools
 import logging
 import time
-from dataclasses import dataclass, replace
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
-import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2 as pb
 
-from scheduler_sidecar.server.config import ModelSpec
-from scheduler_sidecar.core.records import Batch, EdfQueue, Outcome, Query, QueryRecord, WorkerState, apply
-from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
-from scheduler_sidecar.policies import Policy, make_policy
+from scheduler_sidecar.core.engine import Engine, QueryType
+from scheduler_sidecar.core.plan import Demand, Planner
+from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile, Variant
-from scheduler_sidecar.server.protocol import Answer, Code, SidecarError, TensorSpec
-from scheduler_sidecar.live.endpoints import Endpoint, WorkerPool
+from scheduler_sidecar.core.records import Batch, BatchResult, Outcome, Query, QueryRecord, WorkerState
+from scheduler_sidecar.errors import (AccscaleError, InternalError, InvalidRequest, RequestError, Unavailable,
+                                      WorkerError, WorkerFailed, WorkerLost)
+from scheduler_sidecar.live.tensors import TensorSpec
+from scheduler_sidecar.live.workers import InferCall, Worker
 
 log = logging.getLogger(__name__)
 
 CONTROL_INPUT = "CONTROL"  # the supernet models' control tensor (DESIGN 4.2), filled in by the sidecar
 RPC_GRACE_S = 2.0  # a worker RPC may run this long past its batch's last deadline before it is abandoned
-# worker errors that mean the worker is gone (its batch is retried elsewhere); others are relayed
-WORKER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
 CALIBRATION_WINDOW = 64  # batches whose measured/profiled latency ratio is kept
 CALIBRATION_QUANTILE = 90  # plan with a factor most batches stay under
 CALIBRATION_TOLERANCE = 0.1  # re-plan when that factor moves by more than 10%
 CALIBRATION_BOUNDS = (0.5, 10.0)  # a factor outside these means a broken measurement, not a slow worker
+DEFAULT_LOAD_US = 2_000_000  # expected model load time until one has been measured
 
 
 def now_us() -> int:
     return time.monotonic_ns() // 1000
 
 
-@dataclass
-class _Pending:
-    query: Query
-    inputs: dict[str, bytes]  # one row per input, raw
-    future: asyncio.Future
-    attempts: int = 0
+@dataclass(frozen=True)
+class ModelOptions:
+    """What the driver needs of a logical model's configuration."""
+
+    name: str
+    default_slo_us: int = 50_000
+    queue_limit: int = 1024
+    max_attempts: int = 3
+    latency_calibration: bool = True
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What served one query, and its output rows (raw bytes per output name)."""
+
+    outputs: dict[str, bytes]
+    variant_id: str
+    accuracy: float
+    queue_us: int  # arrival to dispatch
+    service_us: int  # dispatch to the worker's answer
+    batch_size: int
+    worker: str  # the worker's URL
+    slot: int  # the worker slot (one model instance of a worker) that ran the batch
+
+    def parameters(self) -> dict[str, object]:
+        """Response parameters: what served the request and where its time went."""
+        return {"variant": self.variant_id, "accuracy": self.accuracy, "queue_us": self.queue_us,
+                "service_us": self.service_us, "batch_size": self.batch_size, "worker": self.worker,
+                "slot": self.slot}
 
 
 class LiveModel:
-    """One logical model: queue, policy and worker slots; answers :meth:`infer`."""
+    """One logical model (a query type) as the front ends see it: tensors, policy, and :meth:`infer`."""
 
-    def __init__(self, spec: ModelSpec, profile: Profile, inputs: tuple[TensorSpec, ...],
-                 outputs: tuple[TensorSpec, ...], metrics: Metrics) -> None:
+    def __init__(self, options: ModelOptions, profile: Profile, inputs: tuple[TensorSpec, ...],
+                 outputs: tuple[TensorSpec, ...], stats) -> None:
         for v in profile.variants:
             if v.actuation.kind not in ("supernet", "model"):
-                raise ValueError(f"{spec.profile}: variant {v.id!r} is a {v.actuation.kind!r} variant; "
+                raise ValueError(f"profile {profile.name}: variant {v.id!r} is a {v.actuation.kind!r} variant; "
                                  "the sidecar serves supernet and model variants")
-        self.spec = spec
-        self.name = spec.name
+        self.options = options
+        self.name = options.name
         self.profile = profile
         self.inputs = {t.name: t for t in inputs}
         self.outputs = {t.name: t for t in outputs}
-        self.stats = ModelMetrics(metrics, spec.name)
-        self.latency_scale = 1.0
-        self._ratios: collections.deque[float] = collections.deque(maxlen=CALIBRATION_WINDOW)
-        self._policy_spec = (spec.policy, dict(spec.policy_options))
-        self.policy = self._make_policy(*self._policy_spec)
+        self.stats = stats  # server.metrics.ModelMetrics, or a stand-in with the same methods
         self.variants = {v.id: v for v in profile.variants}
-        self.fastest_us = min(self.policy.latency_us(v, 1) for v in profile.variants)
-        self._control = {v.id: np.asarray(v.actuation.control, np.int32).tobytes()
-                         for v in profile.variants if v.actuation.kind == "supernet"}
-        self.queue = EdfQueue()
-        self.workers: list[WorkerState] = []
-        self.endpoint_of: dict[int, Endpoint] = {}
-        self.pool: WorkerPool | None = None
-        self._pending: dict[int, _Pending] = {}
-        self._running: dict[int, int] = {}  # worker id -> token of the batch it runs
-        self._inflight: set[int] = set()  # ids of queries in running batches
-        self._ids = itertools.count()
-        self._tokens = itertools.count()
-        self._wakeup: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self.stats.policy(None, spec.policy)
-
-    # ---------------------------------------------------------------- configuration
-    def _make_policy(self, name: str, options: dict) -> Policy:
-        profile = self.profile if self.latency_scale == 1.0 else self.profile.scaled(self.latency_scale)
-        return make_policy(name, profile, **{"overhead_us": self.spec.overhead_us, **options})
-
-    def set_policy(self, name: str, options: dict | None = None) -> str:
-        """Switch policy in place (the queue is kept); returns the old policy's name."""
-        policy = self._make_policy(name, options or {})
-        self._policy_spec = (name, dict(options or {}))
-        old, self.policy = self.policy.name, policy
-        self.stats.policy(old, name)
-        log.info("model %s: policy %s -> %s", self.name, old, name)
-        self.schedule()
-        return old
+        self.control = {v.id: np.asarray(v.actuation.control, np.int32).tobytes()
+                        for v in profile.variants if v.actuation.kind == "supernet"}
+        self.driver: LiveDriver | None = None
 
     @property
     def triton_models(self) -> set[str]:
         return {v.actuation.model for v in self.profile.variants}
 
-    def add_endpoint(self, endpoint: Endpoint, slots: int) -> None:
-        for _ in range(slots):
-            wid = len(self.workers)
-            self.workers.append(WorkerState(wid, healthy=endpoint.healthy, device=self.policy.device))
-            self.endpoint_of[wid] = endpoint
-        self.schedule()
+    @property
+    def policy(self) -> Policy:
+        assert self.driver is not None
+        return self.driver.engine.types[self.name].policy
 
-    def endpoint_changed(self, endpoint: Endpoint) -> None:
-        for i, w in enumerate(self.workers):
-            if self.endpoint_of[w.id] is endpoint:
-                busy = w.busy_until_us if endpoint.healthy else None
-                self.workers[i] = replace(w, healthy=endpoint.healthy, busy_until_us=busy)
-                if not endpoint.healthy:
-                    self._running.pop(w.id, None)  # its batch's RPC fails on its own and is retried
-        if not any(w.healthy for w in self.workers):
-            for query in list(self.queue.scan()):
-                self.queue.discard(query.id)
-                self._fail(query.id, Code.UNAVAILABLE, "no healthy Triton worker", "failed")
-        self.schedule()
-
-    # ---------------------------------------------------------------- requests
     def row_inputs(self, tensors: Iterable[tuple[str, bytes]]) -> dict[str, bytes]:
         """Check that a request names every input exactly once (types and sizes are checked by the front ends)."""
         rows: dict[str, bytes] = {}
         for name, raw in tensors:
             if name not in self.inputs:
-                raise SidecarError(Code.INVALID_ARGUMENT, f"unexpected input '{name}' for model '{self.name}'; "
-                                   f"inputs are {sorted(self.inputs)}")
+                raise InvalidRequest(f"unexpected input '{name}' for model '{self.name}'; inputs are "
+                                     f"{sorted(self.inputs)}")
             if name in rows:
-                raise SidecarError(Code.INVALID_ARGUMENT, f"input '{name}' given twice")
+                raise InvalidRequest(f"input '{name}' given twice")
             rows[name] = raw
         missing = sorted(set(self.inputs) - set(rows))
         if missing:
-            raise SidecarError(Code.INVALID_ARGUMENT, f"model '{self.name}' expects inputs {missing}")
+            raise InvalidRequest(f"model '{self.name}' expects inputs {missing}")
         return rows
 
     async def infer(self, inputs: dict[str, bytes], slo_us: int, budget_us: int | None = None) -> Answer:
-        """Queue one request and wait for its answer; raises :class:`SidecarError` if it has none."""
-        if slo_us < self.fastest_us:
-            self.stats.request("", "rejected")
-            raise SidecarError(Code.INVALID_ARGUMENT, f"slo_us {slo_us} is below the fastest variant's "
-                               f"batch-1 latency ({self.fastest_us} us): no variant can meet it")
-        if not any(w.healthy for w in self.workers):
-            self.stats.request("", "rejected")
-            raise SidecarError(Code.UNAVAILABLE, "no healthy Triton worker")
-        if len(self.queue) >= self.spec.queue_limit:
-            self.stats.request("", "rejected")
-            raise SidecarError(Code.UNAVAILABLE, f"queue full ({self.spec.queue_limit} requests queued)")
-        now = now_us()
+        assert self.driver is not None
+        return await self.driver.infer(self, inputs, slo_us, budget_us)
+
+    def call(self, variant: Variant, inputs: list[dict[str, bytes]]) -> InferCall:
+        """The worker call that runs ``variant`` on these rows."""
+        act = variant.actuation
+        tensors = [(spec, tuple(row[spec.name] for row in inputs)) for spec in self.inputs.values()]
+        if act.kind == "supernet":
+            control = TensorSpec(CONTROL_INPUT, "INT32", (len(act.control),))
+            tensors.append((control, (self.control[variant.id],) * len(inputs)))
+        return InferCall(act.model, act.version or "", tuple(tensors), tuple(self.outputs.values()))
+
+
+@dataclass
+class _Pending:
+    query: Query
+    model: LiveModel
+    inputs: dict[str, bytes]  # one row per input, raw
+    future: asyncio.Future
+
+
+@dataclass(frozen=True)
+class _Slot:
+    worker: Worker
+    index: int  # which of the worker's instances
+
+    @property
+    def label(self) -> str:
+        return f"{self.worker.url}#{self.index}"
+
+
+class LiveDriver:
+    """The engine of one worker pool on the wall clock (see the module docstring)."""
+
+    def __init__(self, models: Iterable[tuple[LiveModel, Policy]], *, planner: Planner | None = None,
+                 clock: Callable[[], int] = now_us, on_worker_lost: Callable[[Worker, str], None] | None = None) -> None:
+        pairs = list(models)
+        self.models = {m.name: m for m, _ in pairs}
+        types = [QueryType(m.name, p, queue_limit=m.options.queue_limit, max_attempts=m.options.max_attempts)
+                 for m, p in pairs]
+        self.clock = clock
+        self.engine = Engine(types, [], self, clock=clock, on_end=self._on_end, planner=planner,
+                             on_decide=lambda name, policy: self.models[name].stats.decision(policy))
+        for model, _ in pairs:
+            model.driver = self
+        self.slots: dict[int, _Slot] = {}  # worker slot id -> its worker and instance
+        self.on_worker_lost = on_worker_lost or (lambda worker, reason: None)
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count()
+        self._ratios: dict[tuple[str, str], collections.deque[float]] = {}  # (type, device) -> measured/profiled
+        self._load_us: dict[str, int] = {}  # Triton model -> last measured load time
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---------------------------------------------------------------- workers
+    def add_worker(self, worker: Worker, slots: int, *, device: str | None = None,
+                   resident: frozenset[str] | None = None, healthy: bool = True) -> list[int]:
+        """Add ``slots`` worker slots (the worker's model instances); returns their ids.
+
+        ``device`` is the slots' device kind (default: the one the first model's policy plans for);
+        ``resident`` the Triton models loaded there (default: every model).
+        """
+        device = device or next(iter(self.engine.types.values())).policy.device
+        first = len(self.slots)
+        ids = list(range(first, first + slots))
+        for i, sid in enumerate(ids):
+            self.slots[sid] = _Slot(worker, i)
+        self._guard(self.engine.add_workers,
+                    [WorkerState(sid, healthy=healthy, device=device, resident=resident) for sid in ids])
+        return ids
+
+    def worker_health(self, worker: Worker, healthy: bool) -> None:
+        for sid, slot in self.slots.items():
+            if slot.worker is worker:
+                self._guard(self.engine.set_health, sid, healthy)
+
+    def healthy_slots(self, model: str) -> int:
+        return sum(w.healthy for w in self.engine.workers_of(model))
+
+    # ---------------------------------------------------------------- requests
+    async def infer(self, model: LiveModel, inputs: dict[str, bytes], slo_us: int,
+                    budget_us: int | None = None) -> Answer:
+        """Queue one request and wait for its answer; raises a RequestError if it has none."""
+        now = self.clock()
         qid = next(self._ids)
-        query = Query(now + min(slo_us, budget_us if budget_us is not None else slo_us), qid, qid, now)
+        query = Query(now + min(slo_us, budget_us if budget_us is not None else slo_us), qid, qid, now, model.name)
         future = asyncio.get_running_loop().create_future()
-        self._pending[qid] = _Pending(query, inputs, future)
-        self.queue.push(query)
-        self.policy.observe_arrival(now, query)
-        self.schedule()
+        self._pending[qid] = _Pending(query, model, inputs, future)
+        self._guard(self.engine.arrive, query)
         try:
             return await future
         finally:
             if future.cancelled():  # the client left: free its queue entry
                 self._pending.pop(qid, None)
-                self.queue.discard(qid)
-                self.stats.queue_depth.set(len(self.queue))
+                self._guard(self.engine.cancel, qid, model.name)
+            model.stats.queue_depth.set(self.engine.queued(model.name))
 
-    def schedule(self) -> None:
-        """Let the policy decide until it has nothing to do; start the batches it dispatches."""
-        try:
-            self._schedule()
-        except Exception as exc:  # a policy bug: no request may hang on it, so fail every one not running
-            log.exception("model %s: policy %s failed", self.name, self.policy.name)
-            self.queue = EdfQueue()
-            for qid in [q for q in self._pending if q not in self._inflight]:
-                self._fail(qid, Code.INTERNAL, f"scheduling failed: {type(exc).__name__}: {exc}", "error")
-        self.stats.queue_depth.set(len(self.queue))
+    def set_policy(self, model: str, policy: Policy) -> Policy:
+        return self._guard(self.engine.set_policy, model, policy)
 
-    def _schedule(self) -> None:
-        now = now_us()
-        policy = self.policy
-        while self.queue:
-            decision = policy.decide(now, self.queue.view(), self.workers)
-            self.stats.decision(policy.name)
-            if decision.wakeup_us is not None and decision.wakeup_us > now:
-                self._set_wakeup(decision.wakeup_us - now)
-            if decision.is_empty:
-                break
-            batches, dropped = apply(decision, self.queue, self.workers, now,
-                                     lambda v, k: policy.latency_us(self.variants[v], k))
-            for query in dropped:
-                self._fail(query.id, Code.DEADLINE_EXCEEDED, f"dropped: its deadline cannot be met by any "
-                           f"variant (fastest takes {self.fastest_us} us)", "dropped")
-            for batch in batches:
-                token = next(self._tokens)
-                self._running[batch.dispatch.worker_id] = token
-                self._inflight.update(q.id for q in batch.queries)
-                task = asyncio.get_running_loop().create_task(self._run(batch, token))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-
-    def _set_wakeup(self, delay_us: int) -> None:
-        if self._wakeup is not None:
-            self._wakeup.cancel()
-        self._wakeup = asyncio.get_running_loop().call_later(delay_us / 1e6, self.schedule)
-
-    # ---------------------------------------------------------------- batches
-    async def _run(self, batch: Batch, token: int) -> None:
-        try:
-            await self._execute(batch, token)
-        except Exception as exc:  # a bug; the batch's requests still get an answer
-            log.exception("model %s: batch on worker %d failed", self.name, batch.dispatch.worker_id)
-            self._end_rpc(batch, token)
-            for q in batch.queries:
-                self._fail(q.id, Code.INTERNAL, f"{type(exc).__name__}: {exc}", "error")
-        self.schedule()
-
-    def _end_rpc(self, batch: Batch, token: int) -> None:
-        """The batch's worker is free again (unless it was reassigned) and its queries are no longer running."""
-        self._free(batch.dispatch.worker_id, token)
-        self._inflight.difference_update(q.id for q in batch.queries)
-
-    async def _execute(self, batch: Batch, token: int) -> None:
-        endpoint = self.endpoint_of[batch.dispatch.worker_id]
-        variant = self.variants[batch.dispatch.variant_id]
-        rows = [p for p in (self._pending.get(q.id) for q in batch.queries) if p is not None]
-        if not rows:  # every client left before its batch started
-            self._end_rpc(batch, token)
+    def _on_end(self, record: QueryRecord, output: object, error: AccscaleError | None) -> None:
+        pending = self._pending.pop(record.query_id, None)
+        if pending is None:
             return
-        for p in rows:
-            p.attempts += 1
-        start = now_us()
+        stats = pending.model.stats
+        outcome = record.outcome
+        label = "error" if isinstance(error, WorkerFailed) or isinstance(error, InternalError) else outcome.value
+        stats.request(record.variant_id or "", label)
+        if pending.future.done():
+            return
+        if outcome is Outcome.MET or outcome is Outcome.LATE:
+            rows, start, end, worker, slot = output
+            if outcome is Outcome.MET:
+                stats.served_accuracy.observe(record.accuracy)
+            stats.latency.observe((end - record.arrival_us) / 1e6)
+            pending.future.set_result(Answer(rows, record.variant_id, record.accuracy, start - record.arrival_us,
+                                             end - start, record.batch_size, worker, slot))
+        else:
+            pending.future.set_exception(error if isinstance(error, RequestError)
+                                         else Unavailable(str(error) if error else outcome.value))
+
+    def _guard(self, fn, *args):
+        """Run an engine event; a bug (a policy that raised) fails every request not running instead of hanging it."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            log.exception("scheduling failed")
+            error = InternalError(f"scheduling failed: {type(exc).__name__}: {exc}")
+            self.engine.fail_queued(error)
+            running = {q.id for batch in self.engine.running().values() for q in batch.queries}
+            for qid in [qid for qid in self._pending if qid not in running]:
+                pending = self._pending.pop(qid)
+                if not pending.future.done():
+                    pending.model.stats.request("", "error")
+                    pending.future.set_exception(error)
+            return None
+
+    # ---------------------------------------------------------------- the engine's executor
+    def run_batch(self, batch: Batch) -> None:
+        self._spawn(self._run(batch))
+
+    async def _run(self, batch: Batch) -> None:
+        slot = self.slots[batch.worker_id]
+        rows = [self._pending.get(q.id) for q in batch.queries]
+        live = [p for p in rows if p is not None]
+        if not live:  # every client left before its batch started
+            self._guard(self.engine.batch_done, batch, BatchResult())
+            return
+        model = live[0].model
+        variant = model.variants[batch.variant_id]
+        call = model.call(variant, [p.inputs for p in live])
+        start = self.clock()
         timeout_s = (max(q.deadline_us for q in batch.queries) - start) / 1e6 + RPC_GRACE_S
         try:
-            response = await endpoint.infer(self._request(variant, rows), timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            self._end_rpc(batch, token)
-            self._worker_error(endpoint, exc, rows)
+            answers = await slot.worker.infer(call, timeout_s)
+        except WorkerLost as exc:
+            self.on_worker_lost(slot.worker, str(exc))
+            self._guard(self.engine.batch_failed, batch, exc)
             return
-        end = now_us()
-        self._end_rpc(batch, token)
+        except WorkerError as exc:
+            self._guard(self.engine.batch_failed, batch, exc)
+            return
+        except Exception as exc:  # a bug; the batch's requests still get an answer
+            log.exception("batch on %s failed", slot.label)
+            self._guard(self.engine.batch_failed, batch, WorkerFailed(f"{type(exc).__name__}: {exc}"))
+            return
+        end = self.clock()
+        outputs = {p.query.id: (out, start, end, slot.worker.url, batch.worker_id) for p, out in zip(live, answers)}
+        model.stats.batch_size.observe(len(live))
+        if model.options.latency_calibration:
+            self._calibrate(model, variant, batch.device, len(live), end - start)
+        self._guard(self.engine.batch_done, batch, BatchResult(outputs=outputs))
+
+    def _calibrate(self, model: LiveModel, variant: Variant, device: str, batch_size: int, service_us: int) -> None:
+        latency = self.engine.types[model.name].policy.latency
+        profiled_us = variant.latency[device].p50_at(batch_size) * 1000
+        ratios = self._ratios.setdefault((model.name, device), collections.deque(maxlen=CALIBRATION_WINDOW))
+        ratios.append(service_us / profiled_us)
+        if len(ratios) < CALIBRATION_WINDOW:
+            return
+        factor = float(np.clip(np.percentile(ratios, CALIBRATION_QUANTILE), *CALIBRATION_BOUNDS))
+        if abs(factor / latency.scale(device) - 1) > CALIBRATION_TOLERANCE:
+            log.info("model %s: batches on %s run %.2fx their profiled latency; re-planning", model.name, device,
+                     factor)
+            latency.set_scale(device, factor)
+            model.stats.latency_scale.set(factor)
+
+    def load(self, worker: WorkerState, model: str) -> int:
+        self._spawn(self._load(worker.id, model))
+        return self._load_us.get(model, DEFAULT_LOAD_US)
+
+    async def _load(self, slot_id: int, model: str) -> None:
+        start = self.clock()
         try:
-            answers = self._split(response, len(rows))
-        except SidecarError as exc:
-            for p in rows:
-                self._fail(p.query.id, exc.code, exc.message, "error")
+            await self.slots[slot_id].worker.load(model)
+        except WorkerError as exc:
+            log.warning("loading %s on %s failed: %s", model, self.slots[slot_id].label, exc)
+            self._guard(self.engine.load_done, slot_id, model, False)
             return
-        records = []
-        for p, outputs in zip(rows, answers):
-            q = p.query
-            outcome = Outcome.MET if end <= q.deadline_us else Outcome.LATE
-            records.append(QueryRecord(q.id, q.arrival_us, q.deadline_us, end, outcome, variant.id,
-                                       variant.accuracy, len(rows)))
-            self.stats.request(variant.id, outcome.value)
-            if outcome is Outcome.MET:
-                self.stats.served_accuracy.observe(variant.accuracy)
-            self.stats.latency.observe((end - q.arrival_us) / 1e6)
-            if self._pending.pop(q.id, None) is not None and not p.future.done():
-                p.future.set_result(Answer(outputs, variant.id, variant.accuracy, start - q.arrival_us,
-                                           end - start, len(rows), endpoint.url))
-        self.stats.batch_size.observe(len(rows))
-        self.policy.observe_completion(end, records)
-        if self.spec.latency_calibration:
-            self._calibrate(variant, len(rows), end - start)
+        self._load_us[model] = self.clock() - start
+        self._guard(self.engine.load_done, slot_id, model, True)
 
-    def _calibrate(self, variant: Variant, batch_size: int, service_us: int) -> None:
-        profiled_us = variant.latency[self.policy.device].p50_at(batch_size) * 1000
-        self._ratios.append(service_us / profiled_us)
-        if len(self._ratios) < CALIBRATION_WINDOW:
+    def unload(self, worker: WorkerState, model: str) -> None:
+        slot = self.slots[worker.id]
+        others = [w for w in self.engine.workers
+                  if w.id != worker.id and self.slots[w.id].worker is slot.worker and w.holds(model)]
+        if not others:  # the model leaves Triton only when no slot of that worker still uses it
+            self._spawn(self._unload(slot, model))
+
+    async def _unload(self, slot: _Slot, model: str) -> None:
+        try:
+            await slot.worker.unload(model)
+        except WorkerError as exc:
+            log.warning("unloading %s on %s failed: %s", model, slot.label, exc)
+
+    def wake_at(self, time_us: int) -> None:
+        loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle | None = None
+
+        def fire() -> None:
+            self._timers.discard(handle)
+            self._guard(self.engine.wakeup)
+
+        handle = loop.call_later(max(0, time_us - self.clock()) / 1e6, fire)
+        self._timers.add(handle)
+
+    def plan(self, planner: Planner, now_us: int, demand: Demand) -> None:
+        self._spawn(self._plan(planner, now_us, demand))
+
+    async def _plan(self, planner: Planner, now_us: int, demand: Demand) -> None:
+        try:
+            plan = await asyncio.get_running_loop().run_in_executor(None, planner.plan, now_us, demand)
+        except Exception:
+            log.exception("planner failed; the current plan stays")
+            self._guard(self.engine.plan_failed)
             return
-        factor = float(np.clip(np.percentile(self._ratios, CALIBRATION_QUANTILE), *CALIBRATION_BOUNDS))
-        if abs(factor / self.latency_scale - 1) > CALIBRATION_TOLERANCE:
-            log.info("model %s: batches run %.2fx their profiled latency; re-planning", self.name, factor)
-            self.latency_scale = factor
-            self.stats.latency_scale.set(factor)
-            self.policy = self._make_policy(*self._policy_spec)
+        self._guard(self.engine.apply_plan, plan)
 
-    def _request(self, variant: Variant, rows: list[_Pending]) -> pb.ModelInferRequest:
-        act = variant.actuation
-        k = len(rows)
-        request = pb.ModelInferRequest(model_name=act.model, model_version=act.version or "")
-        for spec in self.inputs.values():
-            request.inputs.add(name=spec.name, datatype=spec.datatype, shape=[k, *spec.dims])
-            request.raw_input_contents.append(b"".join(p.inputs[spec.name] for p in rows))
-        if act.kind == "supernet":
-            control = self._control[variant.id]
-            request.inputs.add(name=CONTROL_INPUT, datatype="INT32", shape=[k, len(act.control)])
-            request.raw_input_contents.append(control * k)
-        return request
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _split(self, response: pb.ModelInferResponse, k: int) -> list[dict[str, bytes]]:
-        rows: list[dict[str, bytes]] = [{} for _ in range(k)]
-        if len(response.raw_output_contents) != len(response.outputs):
-            raise SidecarError(Code.INTERNAL, "worker answered without raw output contents")
-        for tensor, raw in zip(response.outputs, response.raw_output_contents):
-            if tensor.name not in self.outputs:
-                continue
-            size = self.outputs[tensor.name].row_bytes
-            if len(raw) != size * k:
-                raise SidecarError(Code.INTERNAL, f"worker output '{tensor.name}' has {len(raw)} bytes, "
-                                   f"expected {size * k} for {k} rows")
-            for i in range(k):
-                rows[i][tensor.name] = raw[i * size:(i + 1) * size]
-        return rows
-
-    def _worker_error(self, endpoint: Endpoint, exc: grpc.aio.AioRpcError, rows: list[_Pending]) -> None:
-        code, details = exc.code(), exc.details()
-        if code not in WORKER_LOST:  # Triton answered: relay its error to every request of the batch
-            for p in rows:
-                self._fail(p.query.id, Code.from_grpc(code), f"worker {endpoint.url}: {details}", "error")
-            return
-        self.stats.metrics.worker_failures.labels(endpoint.url).inc()
-        if self.pool is not None:
-            self.pool.mark_down(endpoint, f"{code.name}: {details}")
-        now = now_us()
-        healthy = any(w.healthy for w in self.workers)
-        for p in rows:
-            if p.future.done():
-                continue
-            if healthy and p.attempts < self.spec.max_attempts and now < p.query.deadline_us:
-                self.queue.push(p.query)  # retried on another worker
-            else:
-                self._fail(p.query.id, Code.UNAVAILABLE, f"worker {endpoint.url} failed ({code.name}: {details}) "
-                           f"after {p.attempts} attempt(s)", "failed")
-
-    def _free(self, wid: int, token: int) -> None:
-        if self._running.get(wid) == token:
-            del self._running[wid]
-            i = next(i for i, w in enumerate(self.workers) if w.id == wid)
-            self.workers[i] = replace(self.workers[i], busy_until_us=None)
-
-    def _fail(self, qid: int, code: Code, message: str, outcome: str) -> None:
-        pending = self._pending.pop(qid, None)
-        if pending is not None and not pending.future.done():
-            self.stats.request("", outcome)
-            pending.future.set_exception(SidecarError(code, message))
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
 
     async def close(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.cancel()
+        for handle in self._timers:
+            handle.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for qid in list(self._pending):
-            self._fail(qid, Code.UNAVAILABLE, "the sidecar is shutting down", "failed")
+        for pending in list(self._pending.values()):
+            if not pending.future.done():
+                pending.model.stats.request("", "failed")
+                pending.future.set_exception(Unavailable("the sidecar is shutting down"))
+        self._pending.clear()

@@ -12,9 +12,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from scheduler_sidecar.live.driver import LiveModel
-from scheduler_sidecar.server.protocol import CONTENTS_FIELD, Code, SidecarError, parse_slo_us, to_row_bytes
+from scheduler_sidecar.errors import InvalidRequest, RequestError
+from scheduler_sidecar.server.protocol import CONTENTS_FIELD, grpc_status, parse_slo_us, to_row_bytes
 from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
-from scheduler_sidecar.live.endpoints import CHANNEL_OPTIONS
+from scheduler_sidecar.live.workers import CHANNEL_OPTIONS
 
 
 class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -37,30 +38,30 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context):
         try:
             return self.sidecar.model_metadata(request.name, request.version)
-        except SidecarError as exc:
-            await context.abort(exc.code.grpc, exc.message)
+        except RequestError as exc:
+            await context.abort(grpc_status(exc.code), exc.message)
 
     async def ModelConfig(self, request, context):
         try:
             return pb.ModelConfigResponse(config=self.sidecar.model_config(request.name, request.version))
-        except SidecarError as exc:
-            await context.abort(exc.code.grpc, exc.message)
+        except RequestError as exc:
+            await context.abort(grpc_status(exc.code), exc.message)
 
     async def ModelInfer(self, request, context):
         try:
             model = self.sidecar.model(request.model_name, request.model_version)
             params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
                       if v.WhichOneof("parameter_choice")}
-            slo_us = parse_slo_us(params, model.spec.default_slo_us)
+            slo_us = parse_slo_us(params, model.options.default_slo_us)
             rows = model.row_inputs(_rows(model, request))
             wanted = [o.name for o in request.outputs] or list(model.outputs)
             unknown = sorted(set(wanted) - set(model.outputs))
             if unknown:
-                raise SidecarError(Code.INVALID_ARGUMENT, f"unknown outputs {unknown}; outputs are {list(model.outputs)}")
+                raise InvalidRequest(f"unknown outputs {unknown}; outputs are {list(model.outputs)}")
             remaining = context.time_remaining()
             answer = await model.infer(rows, slo_us, None if remaining is None else int(remaining * 1e6))
-        except SidecarError as exc:
-            await context.abort(exc.code.grpc, exc.message)
+        except RequestError as exc:
+            await context.abort(grpc_status(exc.code), exc.message)
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=MODEL_VERSION, id=request.id)
         for key, value in answer.parameters().items():
             field = {str: "string_param", int: "int64_param", float: "double_param"}[type(value)]
@@ -76,7 +77,7 @@ def _rows(model: LiveModel, request: pb.ModelInferRequest):
     """(input name, one row's raw bytes) for each input, checked against the model's tensors."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
-        raise SidecarError(Code.INVALID_ARGUMENT, f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+        raise InvalidRequest(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
     for i, tensor in enumerate(request.inputs):
         spec = model.inputs.get(tensor.name)
         if spec is None:
@@ -88,7 +89,7 @@ def _rows(model: LiveModel, request: pb.ModelInferRequest):
         else:
             field = CONTENTS_FIELD.get(spec.datatype)
             if field is None:
-                raise SidecarError(Code.INVALID_ARGUMENT, f"input '{spec.name}': {spec.datatype} data must be "
+                raise InvalidRequest(f"input '{spec.name}': {spec.datatype} data must be "
                                    "sent in raw_input_contents")
             data = to_row_bytes(spec, getattr(tensor.contents, field))
         spec.check(tensor.datatype, tuple(tensor.shape), len(data))

@@ -20,7 +20,8 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from scheduler_sidecar.live.driver import LiveModel
-from scheduler_sidecar.server.protocol import Code, SidecarError, from_row_bytes, parse_slo_us, to_row_bytes
+from scheduler_sidecar.errors import InvalidRequest, RequestError
+from scheduler_sidecar.server.protocol import from_row_bytes, parse_slo_us, to_row_bytes
 from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -35,7 +36,7 @@ def _error(status: int, message: str) -> web.Response:
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except SidecarError as exc:
+    except RequestError as exc:
         return _error(exc.code.http, exc.message)
     except web.HTTPException as exc:
         if exc.status >= 400:
@@ -100,8 +101,8 @@ class Routes:
         header, tail = _split_body(body, request.headers.get(HEADER_LENGTH))
         params = header.get("parameters") or {}
         if not isinstance(params, dict):
-            raise SidecarError(Code.INVALID_ARGUMENT, "'parameters' must be an object")
-        slo_us = parse_slo_us(params, model.spec.default_slo_us)
+            raise InvalidRequest("'parameters' must be an object")
+        slo_us = parse_slo_us(params, model.options.default_slo_us)
         rows = model.row_inputs(_rows(model, header.get("inputs"), tail))
         outputs = _requested_outputs(model, header.get("outputs"), bool(params.get("binary_data_output", False)))
         answer = await model.infer(rows, slo_us)
@@ -132,15 +133,15 @@ class Routes:
         try:
             body = await request.json()
         except json.JSONDecodeError as exc:
-            raise SidecarError(Code.INVALID_ARGUMENT, f"body is not JSON: {exc}") from None
+            raise InvalidRequest(f"body is not JSON: {exc}") from None
         if not isinstance(body, dict):
-            raise SidecarError(Code.INVALID_ARGUMENT, "body must be a JSON object")
+            raise InvalidRequest("body must be a JSON object")
         return body
 
     async def set_policy(self, request: web.Request) -> web.Response:
         body = await self._admin_body(request)
         if not isinstance(body.get("model"), str) or not isinstance(body.get("policy"), str):
-            raise SidecarError(Code.INVALID_ARGUMENT, 'body must be {"model": ..., "policy": ..., "options"?: {...}}')
+            raise InvalidRequest('body must be {"model": ..., "policy": ..., "options"?: {...}}')
         return web.json_response(self.sidecar.set_policy(body["model"], body["policy"], body.get("options")))
 
     async def list_workers(self, request: web.Request) -> web.Response:
@@ -151,7 +152,7 @@ class Routes:
     async def add_worker(self, request: web.Request) -> web.Response:
         body = await self._admin_body(request)
         if not isinstance(body.get("url"), str):
-            raise SidecarError(Code.INVALID_ARGUMENT, 'body must be {"url": "host:grpc_port"}')
+            raise InvalidRequest('body must be {"url": "host:grpc_port"}')
         return web.json_response(await self.sidecar.add_worker(body["url"]))
 
 
@@ -162,60 +163,60 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
         try:
             n = int(header_length)
         except ValueError:
-            raise SidecarError(Code.INVALID_ARGUMENT, f"{HEADER_LENGTH} is not an integer") from None
+            raise InvalidRequest(f"{HEADER_LENGTH} is not an integer") from None
         if not 0 < n <= len(body):
-            raise SidecarError(Code.INVALID_ARGUMENT, f"{HEADER_LENGTH} {n} is outside the body "
+            raise InvalidRequest(f"{HEADER_LENGTH} {n} is outside the body "
                                f"({len(body)} bytes); raw-binary requests without a JSON header are not supported")
         json_bytes, tail = body[:n], body[n:]
     try:
         header = json.loads(json_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SidecarError(Code.INVALID_ARGUMENT, f"request header is not JSON: {exc}") from None
+        raise InvalidRequest(f"request header is not JSON: {exc}") from None
     if not isinstance(header, dict):
-        raise SidecarError(Code.INVALID_ARGUMENT, "request header must be a JSON object")
+        raise InvalidRequest("request header must be a JSON object")
     return header, tail
 
 
 def _rows(model: LiveModel, inputs: object, tail: bytes):
     if not isinstance(inputs, list):
-        raise SidecarError(Code.INVALID_ARGUMENT, "'inputs' must be a list")
+        raise InvalidRequest("'inputs' must be a list")
     offset = 0
     for tensor in inputs:
         if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-            raise SidecarError(Code.INVALID_ARGUMENT, "each input needs a 'name'")
+            raise InvalidRequest("each input needs a 'name'")
         spec = model.inputs.get(tensor["name"])
         if spec is None:
             yield tensor["name"], b""  # row_inputs names the unexpected input
             continue
         shape = tensor.get("shape")
         if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-            raise SidecarError(Code.INVALID_ARGUMENT, f"input '{spec.name}': 'shape' must be a list of integers")
+            raise InvalidRequest(f"input '{spec.name}': 'shape' must be a list of integers")
         spec.check(tensor.get("datatype"), tuple(shape))
         size = (tensor.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(tail):
-                raise SidecarError(Code.INVALID_ARGUMENT, f"input '{spec.name}': binary_data_size {size!r} does not "
+                raise InvalidRequest(f"input '{spec.name}': binary_data_size {size!r} does not "
                                    f"fit the {len(tail) - offset} bytes left in the body")
             data, offset = tail[offset:offset + size], offset + size
         elif "data" in tensor:
             data = to_row_bytes(spec, tensor["data"])
         else:
-            raise SidecarError(Code.INVALID_ARGUMENT, f"input '{spec.name}' has neither 'data' nor binary_data_size")
+            raise InvalidRequest(f"input '{spec.name}' has neither 'data' nor binary_data_size")
         spec.check(tensor["datatype"], tuple(shape), len(data))
         yield spec.name, data
     if offset != len(tail):
-        raise SidecarError(Code.INVALID_ARGUMENT, f"{len(tail) - offset} bytes of binary data belong to no input")
+        raise InvalidRequest(f"{len(tail) - offset} bytes of binary data belong to no input")
 
 
 def _requested_outputs(model: LiveModel, outputs: object, binary_default: bool) -> list[tuple[str, bool]]:
     if outputs is None:
         return [(name, binary_default) for name in model.outputs]
     if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs):
-        raise SidecarError(Code.INVALID_ARGUMENT, "'outputs' must be a list of objects with a 'name'")
+        raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
     wanted = []
     for o in outputs:
         if o["name"] not in model.outputs:
-            raise SidecarError(Code.INVALID_ARGUMENT, f"unknown output '{o['name']}'; outputs are {list(model.outputs)}")
+            raise InvalidRequest(f"unknown output '{o['name']}'; outputs are {list(model.outputs)}")
         wanted.append((o["name"], bool((o.get("parameters") or {}).get("binary_data", binary_default))))
     return wanted
 

@@ -13,12 +13,15 @@ from importlib import metadata as importlib_metadata
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from scheduler_sidecar.server.config import SidecarConfig
-from scheduler_sidecar.live.driver import CONTROL_INPUT, LiveModel
-from scheduler_sidecar.server.metrics import Metrics
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.server.protocol import DTYPES, Code, SidecarError, TensorSpec
-from scheduler_sidecar.live.endpoints import Endpoint, WorkerPool
+from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
+from scheduler_sidecar.live.driver import CONTROL_INPUT, LiveDriver, LiveModel, ModelOptions
+from scheduler_sidecar.live.pool import WorkerPool
+from scheduler_sidecar.live.tensors import TensorSpec
+from scheduler_sidecar.live.workers import Worker
+from scheduler_sidecar.policies import make_policy
+from scheduler_sidecar.server.config import ModelSpec, SidecarConfig
+from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
 
 log = logging.getLogger(__name__)
 
@@ -36,41 +39,55 @@ class Sidecar:
         triton_models = {v.actuation.model for p in self.profiles.values() for v in p.variants}
         self.pool = WorkerPool(triton_models, interval_s=config.health_interval_s)
         self.models: dict[str, LiveModel] = {}
+        self.driver: LiveDriver | None = None
 
     async def start(self) -> None:
         """Connect to every configured worker (they must be ready), then build the logical models."""
-        self.pool.on_change(self._endpoint_changed)
         for url in self.config.workers:
             await self.pool.add(url, wait_s=self.config.startup_wait_s)
-        first = self.pool.endpoints[0]
+        first = self.pool.workers[0]
+        pairs = []
         for spec in self.config.models:
             profile = self.profiles[spec.name]
             inputs, outputs = await _tensors(first, profile.variants[0].actuation.model)
-            model = LiveModel(spec, profile, inputs, outputs, self.metrics)
-            model.pool = self.pool
-            self.models[spec.name] = model
-            for endpoint in self.pool.endpoints:
-                model.add_endpoint(endpoint, await _slots(endpoint, model))
+            stats = ModelMetrics(self.metrics, spec.name)
+            model = LiveModel(_options(spec), profile, inputs, outputs, stats)
+            pairs.append((model, _policy(spec, profile, spec.policy, spec.policy_options)))
+            stats.policy(None, spec.policy)
+        self.driver = LiveDriver(pairs, on_worker_lost=self.pool.mark_down)
+        self.models = dict(self.driver.models)
+        for worker in self.pool.workers:
+            await self._add_slots(worker)
+        self.pool.on_change(self._worker_changed)
         self.pool.start()
-        log.info("serving %s over %d worker(s)", sorted(self.models), len(self.pool.endpoints))
+        log.info("serving %s over %d worker(s)", sorted(self.models), len(self.pool.workers))
 
     async def close(self) -> None:
-        for model in self.models.values():
-            await model.close()
+        if self.driver is not None:
+            await self.driver.close()
         await self.pool.close()
 
-    def _endpoint_changed(self, endpoint: Endpoint) -> None:
-        self.metrics.worker_healthy.labels(endpoint.url).set(1 if endpoint.healthy else 0)
-        for model in self.models.values():
-            model.endpoint_changed(endpoint)
+    async def _add_slots(self, worker: Worker) -> int:
+        assert self.driver is not None
+        slots = await _slots(worker, self.pool.models)
+        self.driver.add_worker(worker, slots)
+        self.metrics.worker_healthy.labels(worker.url).set(1)
+        return slots
+
+    def _worker_changed(self, worker: Worker, healthy: bool) -> None:
+        self.metrics.worker_healthy.labels(worker.url).set(1 if healthy else 0)
+        if not healthy:
+            self.metrics.worker_failures.labels(worker.url).inc()
+        assert self.driver is not None
+        self.driver.worker_health(worker, healthy)
 
     # ---------------------------------------------------------------- lookups
     def model(self, name: str, version: str = "") -> LiveModel:
         model = self.models.get(name)
         if model is None:
-            raise SidecarError(Code.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
+            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if version not in ("", MODEL_VERSION):
-            raise SidecarError(Code.NOT_FOUND, f"Request for unknown model: '{name}' version {version} is not found")
+            raise UnknownModel(f"Request for unknown model: '{name}' version {version} is not found")
         return model
 
     def ready(self) -> bool:
@@ -78,7 +95,7 @@ class Sidecar:
 
     def model_ready(self, name: str) -> bool:
         model = self.models.get(name)
-        return model is not None and any(w.healthy for w in model.workers)
+        return model is not None and self.driver is not None and self.driver.healthy_slots(name) > 0
 
     def server_metadata(self) -> pb.ServerMetadataResponse:
         try:
@@ -113,57 +130,56 @@ class Sidecar:
     # ---------------------------------------------------------------- admin
     def check_admin(self, token: str | None) -> None:
         if not self.config.admin_token:
-            raise SidecarError(Code.PERMISSION_DENIED, "admin endpoints are off (start with --admin-token)")
+            raise PermissionDenied("admin endpoints are off (start with --admin-token)")
         if token != self.config.admin_token:
-            raise SidecarError(Code.PERMISSION_DENIED, "wrong or missing admin token")
+            raise PermissionDenied("wrong or missing admin token")
 
     def set_policy(self, name: str, policy: str, options: dict | None = None) -> dict[str, str]:
+        """Switch a model's policy without a restart; its queue is kept."""
         model = self.model(name)
+        spec = next(s for s in self.config.models if s.name == name)
         try:
-            old = model.set_policy(policy, options)
+            new = _policy(spec, model.profile, policy, options or {})
         except (TypeError, ValueError) as exc:
-            raise SidecarError(Code.INVALID_ARGUMENT, str(exc)) from None
+            raise InvalidRequest(str(exc)) from None
+        assert self.driver is not None
+        old = self.driver.set_policy(name, new).name
+        model.stats.policy(old, policy)
+        log.info("model %s: policy %s -> %s", name, old, policy)
         return {"model": name, "old": old, "policy": policy}
 
     async def add_worker(self, url: str) -> dict[str, object]:
         try:
-            endpoint = await self.pool.add(url, wait_s=self.config.health_interval_s)
+            worker = await self.pool.add(url, wait_s=self.config.health_interval_s)
         except ValueError as exc:
-            raise SidecarError(Code.INVALID_ARGUMENT, str(exc)) from None
-        slots = {}
-        for model in self.models.values():
-            slots[model.name] = await _slots(endpoint, model)
-            model.add_endpoint(endpoint, slots[model.name])
-        return {"worker": url, "slots": slots}
+            raise InvalidRequest(str(exc)) from None
+        return {"worker": url, "slots": await self._add_slots(worker)}
 
     def workers(self) -> list[dict[str, object]]:
-        return [{"url": e.url, "healthy": e.healthy} for e in self.pool.endpoints]
+        return [{"url": w.url, "healthy": self.pool.healthy[w.url]} for w in self.pool.workers]
 
 
-async def _tensors(endpoint: Endpoint, triton_model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+def _options(spec: ModelSpec) -> ModelOptions:
+    return ModelOptions(spec.name, spec.default_slo_us, spec.queue_limit, spec.max_attempts, spec.latency_calibration)
+
+
+def _policy(spec: ModelSpec, profile: Profile, name: str, options: dict):
+    return make_policy(name, profile, **{"overhead_us": spec.overhead_us, **options})
+
+
+async def _tensors(worker: Worker, triton_model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """A logical model's tensors: those of its Triton model without the batch dimension and the control input."""
-    config = (await endpoint.stub.ModelConfig(pb.ModelConfigRequest(name=triton_model), timeout=10)).config
-    if config.max_batch_size < 1:
-        raise ValueError(f"Triton model {triton_model!r} has max_batch_size {config.max_batch_size}; "
-                         "the sidecar batches requests and needs a batching model")
-    meta = await endpoint.stub.ModelMetadata(pb.ModelMetadataRequest(name=triton_model), timeout=10)
-
-    def specs(tensors) -> tuple[TensorSpec, ...]:
-        out = []
-        for t in tensors:
-            if t.datatype not in DTYPES or any(d < 0 for d in t.shape[1:]):
-                raise ValueError(f"Triton model {triton_model!r}: tensor {t.name!r} ({t.datatype} {list(t.shape)}) "
-                                 "is not a fixed-size tensor; the sidecar serves fixed-size tensors")
-            out.append(TensorSpec(t.name, t.datatype, tuple(t.shape[1:])))
-        return tuple(out)
-
-    return specs(t for t in meta.inputs if t.name != CONTROL_INPUT), specs(meta.outputs)
+    described = await worker.describe(triton_model)
+    if described.max_batch_size < 1:
+        raise ConfigError(f"Triton model {triton_model!r} has max_batch_size {described.max_batch_size}; "
+                          "the sidecar batches requests and needs a batching model")
+    return tuple(t for t in described.inputs if t.name != CONTROL_INPUT), described.outputs
 
 
-async def _slots(endpoint: Endpoint, model: LiveModel) -> int:
-    """Worker slots a logical model gets on an endpoint: the fewest instances of any Triton model it uses."""
-    counts = []
-    for name in sorted(model.triton_models):
-        config = (await endpoint.stub.ModelConfig(pb.ModelConfigRequest(name=name), timeout=10)).config
-        counts.append(sum(g.count for g in config.instance_group) or 1)
-    return min(counts)
+async def _slots(worker: Worker, models: tuple[str, ...]) -> int:
+    """Worker slots of a worker, shared by every logical model: the fewest instances of any Triton model used.
+
+    A slot runs one batch at a time whichever logical model it serves, so two logical models never
+    run two batches on one instance at once.
+    """
+    return min([(await worker.describe(name)).instances for name in models])

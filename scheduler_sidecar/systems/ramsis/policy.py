@@ -38,7 +38,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, QueueView, WorkerState
+from scheduler_sidecar.core.queue import QueueView
+from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, WorkerState
 from scheduler_sidecar.core.policy import LateQueries, Policy
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.systems.ramsis.baselines import (
@@ -105,8 +106,6 @@ class Ramsis(Policy):
         self.table: LoadTable[RamsisPolicy] = LoadTable((p.load_qps, p) for p in policies)
         self.monitor = LoadMonitor(window_ms)
         self.queues = WorkerQueues(self.workers)
-        fastest = min(self.profile.variants, key=lambda v: v.latency[self.device].p50_at(1))
-        self.fastest_us = self.latency_us(fastest, 1)
         self.picks: Counter[float] = Counter()  # policy load -> decisions that used it
 
     def _check(self, policies: list[RamsisPolicy], workers, slo_ms, source) -> int:
@@ -141,13 +140,14 @@ class Ramsis(Policy):
         if not wq.nonempty:
             return EMPTY
         policy = self.table.pick(self.monitor.load_qps(now_us))
+        fastest_us = self.quickest_us()
         dispatches, dropped = [], []
         for slot in sorted(wq.nonempty):
             if slot >= len(slot_workers) or slot_workers[slot].busy_until_us is not None:
                 continue
             heap = wq.queues[slot]
             if self.late_queries is LateQueries.DROP:
-                while heap and self.slack_us(now_us, heap[0]) < self.fastest_us:
+                while heap and self.slack_us(now_us, heap[0]) < fastest_us:
                     dropped.append(wq.take(slot, 1)[0].id)
                 if not heap:
                     continue
@@ -190,8 +190,6 @@ class _LoadGranular(Policy):
         grid = _loads(loads) or self.default_loads(table)
         self.table: LoadTable[StaticChoice] = LoadTable((x, self.choose(table, x)) for x in grid)
         self.monitor = LoadMonitor(window_ms)
-        fastest = min(self.profile.variants, key=lambda v: v.latency[self.device].p50_at(1))
-        self.fastest_us = self.latency_us(fastest, 1)
         self.picks: Counter[str] = Counter()  # model -> batches it ran
 
     def default_loads(self, table: ModelTable) -> list[float]:
@@ -211,7 +209,7 @@ class _LoadGranular(Policy):
         free = [w for w in workers if w.is_free]
         if not free or not queue:
             return EMPTY
-        dropped = self.drop_or_serve(now_us, queue, self.fastest_us)
+        dropped = self.drop_or_serve(now_us, queue, self.quickest_us())
         if dropped:
             return dropped
         choice = self.table.pick(self.monitor.load_qps(now_us))

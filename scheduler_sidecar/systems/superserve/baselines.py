@@ -12,11 +12,27 @@ no accuracy constraint given, always serves the least accurate (cheapest) varian
 from __future__ import annotations
 
 import bisect
+
 from scheduler_sidecar.core.policy import HeadSlackPolicy
 from scheduler_sidecar.core.profile import Profile
 
 
-class ClipperPlus(HeadSlackPolicy):
+class OneVariant:
+    """One variant's batch sizes and latencies on one device kind."""
+
+    def __init__(self, variant_id: str, sizes: tuple[int, ...], latencies: list[int]) -> None:
+        self.variant_id, self.sizes, self.latencies = variant_id, sizes, latencies
+        self.fastest_us = latencies[0]
+
+    def choose(self, slack_us: int) -> tuple[str, int] | None:
+        i = bisect.bisect_right(self.latencies, slack_us) - 1
+        return (self.variant_id, self.sizes[i]) if i >= 0 else None
+
+    def fastest(self) -> tuple[str, int]:
+        return self.variant_id, self.sizes[0]
+
+
+class ClipperPlus(HeadSlackPolicy[OneVariant]):
     """Serve every query with one fixed variant (default: the most accurate)."""
 
     name = "clipper"
@@ -24,16 +40,10 @@ class ClipperPlus(HeadSlackPolicy):
     def __init__(self, profile: Profile, *, variant_id: str | None = None, **options) -> None:
         super().__init__(profile, **options)
         self.variant = profile.variant(variant_id) if variant_id else profile.variants[-1]
-        self.sizes = self.variant.latency[self.device].batch_sizes
-        self.latencies = [self.latency_us(self.variant, b) for b in self.sizes]
-        self.fastest_us = self.latencies[0]
 
-    def choose(self, slack_us: int) -> tuple[str, int] | None:
-        i = bisect.bisect_right(self.latencies, slack_us) - 1
-        return (self.variant.id, self.sizes[i]) if i >= 0 else None
-
-    def fastest(self) -> tuple[str, int]:
-        return self.variant.id, self.sizes[0]
+    def build_menu(self, device: str) -> OneVariant:
+        sizes = self.variant.latency[device].batch_sizes
+        return OneVariant(self.variant.id, sizes, [self.latency.us(self.variant.id, b, device) for b in sizes])
 
 
 class Infaas(ClipperPlus):

@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import abc
 import bisect
+
 from scheduler_sidecar.core.policy import HeadSlackPolicy
-from scheduler_sidecar.core.profile import Profile
 
 
-class _Greedy(HeadSlackPolicy):
-    def __init__(self, profile: Profile, **options) -> None:
-        super().__init__(profile, **options)
-        self.sizes = profile.variants[0].latency[self.device].batch_sizes
+class Table:
+    """The latency of every (variant, profiled batch size) on one device kind, searched greedily."""
+
+    def __init__(self, variant_ids: list[str], sizes: tuple[int, ...], rows: list[list[int]],
+                 pick) -> None:
+        self.variant_ids, self.sizes = variant_ids, sizes
         # [variant index in ascending accuracy][batch index] -> latency_us
-        self.table = [[self.latency_us(v, b) for b in self.sizes] for v in profile.variants]
-        self._fastest = min(range(len(self.table)), key=lambda s: (self.table[s][0], s))
-        self.fastest_us = self.table[self._fastest][0]
+        self.rows = rows
+        self._pick = pick
+        self._fastest = min(range(len(rows)), key=lambda s: (rows[s][0], s))
+        self.fastest_us = rows[self._fastest][0]
 
     def largest_batch(self, s: int, slack_us: int) -> int:
         """Index of the largest batch of variant ``s`` within the slack (-1: none)."""
-        row = self.table[s]
+        row = self.rows[s]
         i = bisect.bisect_right(row, slack_us) - 1
         while i >= 0 and row[i] > slack_us:
             i -= 1
@@ -36,21 +39,29 @@ class _Greedy(HeadSlackPolicy):
 
     def most_accurate(self, b: int, slack_us: int) -> int:
         """Index of the most accurate variant whose latency at batch index ``b`` fits (-1: none)."""
-        s = bisect.bisect_right(self.table, slack_us, key=lambda row: row[b]) - 1
-        while s >= 0 and self.table[s][b] > slack_us:
+        s = bisect.bisect_right(self.rows, slack_us, key=lambda row: row[b]) - 1
+        while s >= 0 and self.rows[s][b] > slack_us:
             s -= 1
         return s
 
-    @abc.abstractmethod
-    def pick(self, slack_us: int) -> tuple[int, int] | None:
-        """(variant index, batch index) within the slack; None if nothing fits."""
-
     def choose(self, slack_us: int) -> tuple[str, int] | None:
-        picked = self.pick(slack_us)
-        return (self.profile.variants[picked[0]].id, self.sizes[picked[1]]) if picked else None
+        picked = self._pick(self, slack_us)
+        return (self.variant_ids[picked[0]], self.sizes[picked[1]]) if picked else None
 
     def fastest(self) -> tuple[str, int]:
-        return self.profile.variants[self._fastest].id, self.sizes[0]
+        return self.variant_ids[self._fastest], self.sizes[0]
+
+
+class _Greedy(HeadSlackPolicy[Table]):
+    def build_menu(self, device: str) -> Table:
+        sizes = self.profile.variants[0].latency[device].batch_sizes
+        rows = [[self.latency.us(v.id, b, device) for b in sizes] for v in self.profile.variants]
+        return Table([v.id for v in self.profile.variants], sizes, rows, type(self).pick)
+
+    @staticmethod
+    @abc.abstractmethod
+    def pick(table: Table, slack_us: int) -> tuple[int, int] | None:
+        """(variant index, batch index) within the slack; None if nothing fits."""
 
 
 class MaxAcc(_Greedy):
@@ -58,9 +69,10 @@ class MaxAcc(_Greedy):
 
     name = "maxacc"
 
-    def pick(self, slack_us: int) -> tuple[int, int] | None:
-        s = self.most_accurate(0, slack_us)
-        return (s, self.largest_batch(s, slack_us)) if s >= 0 else None
+    @staticmethod
+    def pick(table: Table, slack_us: int) -> tuple[int, int] | None:
+        s = table.most_accurate(0, slack_us)
+        return (s, table.largest_batch(s, slack_us)) if s >= 0 else None
 
 
 class MaxBatch(_Greedy):
@@ -68,6 +80,7 @@ class MaxBatch(_Greedy):
 
     name = "maxbatch"
 
-    def pick(self, slack_us: int) -> tuple[int, int] | None:
-        b = self.largest_batch(0, slack_us)
-        return (self.most_accurate(b, slack_us), b) if b >= 0 else None
+    @staticmethod
+    def pick(table: Table, slack_us: int) -> tuple[int, int] | None:
+        b = table.largest_batch(0, slack_us)
+        return (table.most_accurate(b, slack_us), b) if b >= 0 else None

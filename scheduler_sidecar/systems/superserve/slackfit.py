@@ -16,14 +16,20 @@ moves to small subnets and large batches; light load moves it to accurate subnet
 # Ambiguity (digest A4): the latency a bucket is matched on. Chosen: the chosen pair's own
 # profiled latency, not the band's upper edge, so a choice never exceeds the slack.
 # Ambiguity (digest A7): fewer queued queries than the bucket's batch. Chosen: run those.
+# The drop threshold and the fallback option are the quickest option overall (the fastest
+# variant at batch 1), not bucket 0, which may hold a larger batch of it: a query that option
+# can still serve is never dropped.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+
+from scheduler_sidecar.core.latency import LatencyTable
 from scheduler_sidecar.core.policy import HeadSlackPolicy
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +40,17 @@ class Bucket:
     accuracy: float
 
 
-def build_buckets(profile: Profile, device: str, num_buckets: int, latency_us) -> list[Bucket]:
+def build_buckets(profile: Profile, device: str, num_buckets: int, latency: LatencyTable) -> list[Bucket]:
     """SlackFit's offline phase; buckets sorted by latency, non-empty bands only."""
     variants = profile.variants  # ascending accuracy
     sizes = variants[0].latency[device].batch_sizes
-    lo = latency_us(variants[0], sizes[0])
-    hi = latency_us(variants[-1], sizes[-1])
+    lo = latency.us(variants[0].id, sizes[0], device)
+    hi = latency.us(variants[-1].id, sizes[-1], device)
     width = max(hi - lo, 1) / num_buckets
     best: dict[int, Bucket] = {}
     for v in variants:
         for b in sizes:
-            lat = latency_us(v, b)
+            lat = latency.us(v.id, b, device)
             if lat > hi:
                 continue
             band = min(int((lat - lo) / width), num_buckets - 1) if lat > lo else 0
@@ -55,18 +61,14 @@ def build_buckets(profile: Profile, device: str, num_buckets: int, latency_us) -
     return sorted(best.values(), key=lambda k: (k.latency_us, -k.batch_size))
 
 
-class SlackFit(HeadSlackPolicy):
-    """On a free worker, serve the bucket nearest below the head query's slack."""
+class Buckets:
+    """SlackFit's options on one device kind: the buckets and the quickest option."""
 
-    name = "slackfit"
-
-    def __init__(self, profile: Profile, *, num_buckets: int = 32, **options) -> None:
-        super().__init__(profile, **options)
-        if num_buckets < 1:
-            raise ValueError("num_buckets must be >= 1")
-        self.buckets = build_buckets(profile, self.device, num_buckets, self.latency_us)
-        self._latencies = [k.latency_us for k in self.buckets]
-        self.fastest_us = self._latencies[0]
+    def __init__(self, buckets: list[Bucket], fastest: tuple[str, int], fastest_us: int) -> None:
+        self.buckets = buckets
+        self._latencies = [k.latency_us for k in buckets]
+        self._fastest = fastest
+        self.fastest_us = fastest_us
 
     def bucket(self, slack_us: int) -> Bucket | None:
         """The bucket with the largest latency <= slack; None if even the fastest is slower."""
@@ -78,4 +80,25 @@ class SlackFit(HeadSlackPolicy):
         return (bucket.variant_id, bucket.batch_size) if bucket else None
 
     def fastest(self) -> tuple[str, int]:
-        return self.buckets[0].variant_id, self.buckets[0].batch_size
+        return self._fastest
+
+
+class SlackFit(HeadSlackPolicy[Buckets]):
+    """On a free worker, serve the bucket nearest below the head query's slack."""
+
+    name = "slackfit"
+
+    def __init__(self, profile: Profile, *, num_buckets: int = 32, **options) -> None:
+        super().__init__(profile, **options)
+        if num_buckets < 1:
+            raise ConfigError("num_buckets must be >= 1")
+        self.num_buckets = num_buckets
+
+    def build_menu(self, device: str) -> Buckets:
+        b = build_buckets(self.profile, device, self.num_buckets, self.latency)
+        return Buckets(b, (b[0].variant_id, b[0].batch_size), b[0].latency_us)
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        """The buckets on the policy's own device kind."""
+        return self.menu().buckets

@@ -1,0 +1,462 @@
+"""The engine: one decide/apply loop over a shared worker pool, for the simulator and the live sidecar.
+
+NOTE on the design. The engine owns everything both drivers used to do twice: admission, the
+EDF queue of every query type, asking each type's policy to decide, carrying out decisions
+(dispatches, drops, loads, unloads), wakeups, plans, retries after a worker is lost, and the
+one record per query. A driver supplies a clock (``clock() -> now_us``) and an
+:class:`Executor` that runs what the engine starts: in the simulator a batch completes at now
+plus a profiled latency, live it is an RPC to Triton. The driver reports back through the
+engine's event methods (:meth:`Engine.batch_done`, :meth:`Engine.load_done`, ...), each of
+which ends in :meth:`Engine.step`. Nothing here awaits or sleeps, so a decision always sees a
+consistent state.
+
+After every event, ``step`` asks every query type's policy to decide, the type with the
+earliest head deadline first (an idle type too, so a policy that keeps time gets its turn),
+and repeats while any decision did something. A worker is shared: the first policy to dispatch
+to it makes it busy for the others, so no worker runs two batches at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
+
+from scheduler_sidecar.core.plan import Demand, Plan, Planner
+from scheduler_sidecar.core.policy import Policy
+from scheduler_sidecar.core.queue import EdfQueue
+from scheduler_sidecar.core.records import (Batch, BatchResult, Decision, Load, Outcome, Query, QueryRecord,
+                                            Unload, WorkerState)
+from scheduler_sidecar.errors import (AccscaleError, DeadlineExceeded, PolicyError, RequestError, SloInfeasible,
+                                      Unavailable, UnknownModel, WorkerError, WorkerLost)
+
+log = logging.getLogger(__name__)
+
+
+class Executor(Protocol):
+    """How a driver carries out what the engine starts; each call returns at once."""
+
+    def run_batch(self, batch: Batch) -> None:
+        """Run the batch; report with ``engine.batch_done`` or ``engine.batch_failed``."""
+
+    def load(self, worker: WorkerState, model: str) -> int:
+        """Start loading ``model``; return the expected load time in us; report with ``engine.load_done``."""
+
+    def unload(self, worker: WorkerState, model: str) -> None:
+        """Unload ``model`` (the engine no longer dispatches it to this worker)."""
+
+    def wake_at(self, time_us: int) -> None:
+        """Call ``engine.wakeup()`` at ``time_us`` (the engine asks once per distinct time)."""
+
+    def plan(self, planner: Planner, now_us: int, demand: Demand) -> None:
+        """Run ``planner.plan``, inline or off the event loop; hand the result to ``engine.apply_plan``."""
+
+
+# record, the driver's output for a served query, the error for one that was not served
+EndHandler = Callable[[QueryRecord, object, AccscaleError | None], None]
+
+
+@dataclass
+class QueryType:
+    """One query type (a logical model) of the pool: its policy, its queue and its limits."""
+
+    name: str
+    policy: Policy
+    queue_limit: int | None = None  # queued queries beyond this are refused; None: no limit
+    max_attempts: int = 3  # dispatches per query when workers are lost
+    # refuse a query whose SLO is below the quickest option on any worker (it cannot be met)
+    check_slo: bool = True
+
+    def __post_init__(self) -> None:
+        self.queue = EdfQueue()
+        variants = self.policy.profile.variants
+        self.models = {v.id: v.actuation.model for v in variants}  # variant id -> Triton model it runs on
+        self.accuracy = {v.id: v.accuracy for v in variants}
+
+
+class Engine:
+    """One shared worker pool: see the module docstring."""
+
+    def __init__(self, types: Sequence[QueryType], workers: Sequence[WorkerState], executor: Executor, *,
+                 clock: Callable[[], int], on_end: EndHandler, planner: Planner | None = None,
+                 on_decide: Callable[[str, str], None] | None = None) -> None:
+        if not types:
+            raise ValueError("an engine needs at least one query type")
+        self.types = {t.name: t for t in types}
+        if len(self.types) != len(types):
+            raise ValueError(f"query type names must be unique: {[t.name for t in types]}")
+        self.workers: list[WorkerState] = list(workers)
+        self._index = {w.id: i for i, w in enumerate(self.workers)}
+        self.executor, self.clock, self.on_end, self.planner = executor, clock, on_end, planner
+        self.on_decide = on_decide  # (query type, policy name) after each decide() call: metrics
+        self.plan: Plan | None = None
+        self.num_decisions = 0
+        self._running: dict[int, Batch] = {}  # worker id -> its running batch
+        self._attempts: dict[int, int] = {}  # query id -> dispatches so far (only while it is not done)
+        self._wakeups: set[int] = set()  # times the executor will call wakeup()
+        self._target: dict[int, frozenset[str]] = {}  # worker id -> placement still to carry out
+        self._arrivals: dict[str, int] = {}  # query type -> arrivals since the last plan
+        self._demand_since_us = clock()
+        self._next_plan_us: int | None = None
+        self._planning = False
+        self._tokens = 0
+        self._stepping = False
+        # query type -> (indices of its workers, None when all of them; how many of them are healthy)
+        self._views: dict[str, tuple[list[int] | None, int]] = {}
+        self._quickest: dict[str, tuple[int, int]] = {}  # query type -> (latency version, quickest us)
+
+    # ------------------------------------------------------------------ events from the driver
+    def arrive(self, query: Query) -> None:
+        """Admit a query (or end it as rejected) and let the policies decide."""
+        qt = self.types.get(query.type)
+        if qt is None:
+            self._end(query, Outcome.REJECTED, error=UnknownModel(
+                f"unknown query type {query.type!r}; this pool serves {sorted(self.types)}"))
+            return
+        now = query.arrival_us
+        error = self._refusal(qt, query)
+        if error is not None:
+            self._end(query, Outcome.REJECTED, now, error=error)
+            return
+        qt.queue.push(query)
+        qt.policy.observe_arrival(now, query)
+        self._arrivals[qt.name] = self._arrivals.get(qt.name, 0) + 1
+        if self.planner is not None and self.planner.observe_arrival(now, query):
+            self.request_plan()
+        self.step()
+
+    def cancel(self, query_id: int, query_type: str) -> bool:
+        """A client left: drop its query if it is still queued (True) and end it as cancelled."""
+        qt = self.types.get(query_type)
+        query = qt.queue.discard(query_id) if qt is not None else None
+        if query is None:
+            return False
+        self._end(query, Outcome.CANCELLED)
+        return True
+
+    def batch_done(self, batch: Batch, result: BatchResult = BatchResult()) -> None:
+        """A batch finished at ``clock()``; ignored if its worker was lost meanwhile."""
+        if not self._release(batch):
+            return
+        now = self.clock()
+        qt = self.types[batch.queries[0].type]
+        records = []
+        for q in batch.queries:
+            variant = result.served_by.get(q.id, batch.variant_id)
+            outcome = Outcome.MET if now <= q.deadline_us else Outcome.LATE
+            records.append(self._end(q, outcome, now, variant, qt.accuracy[variant], len(batch.queries),
+                                     output=result.outputs.get(q.id)))
+        qt.policy.observe_completion(now, records)
+        for follow_up in result.follow_ups:
+            self.arrive(follow_up)
+        self.step()
+
+    def batch_failed(self, batch: Batch, error: WorkerError) -> None:
+        """A batch's worker could not run it: retried if the worker was lost, else each query gets the error."""
+        if not self._release(batch):
+            return
+        if isinstance(error, WorkerLost):
+            self._requeue(batch.queries, error)
+        else:
+            for q in batch.queries:
+                self._end(q, Outcome.FAILED, error=error)
+        self.step()
+
+    def set_health(self, worker_id: int, healthy: bool) -> None:
+        """A worker went down (its running batch is retried elsewhere) or came back."""
+        i = self._index[worker_id]
+        worker = self.workers[i]
+        if worker.healthy == healthy:
+            return
+        self.workers[i] = replace(worker, healthy=healthy, busy_until_us=None, loading_model=None,
+                                  loading_until_us=None)
+        self._views.clear()
+        batch = self._running.pop(worker_id, None)
+        if batch is not None:
+            self._requeue(batch.queries, WorkerLost(f"worker {worker_id} was lost while running its batch"))
+        if not healthy:
+            for qt in self.types.values():
+                if not self._num_healthy(qt):
+                    self._fail_queued(qt, Unavailable("no healthy worker"))
+        self.step()
+
+    def add_workers(self, workers: Iterable[WorkerState]) -> None:
+        for w in workers:
+            if w.id in self._index:
+                raise ValueError(f"worker {w.id} is already in the pool")
+            self._index[w.id] = len(self.workers)
+            self.workers.append(w)
+        self._views.clear()
+        self.step()
+
+    def load_done(self, worker_id: int, model: str, ok: bool = True) -> None:
+        """A load finished (or failed: the model stays absent); the worker serves again."""
+        i = self._index[worker_id]
+        w = self.workers[i]
+        resident = w.resident | {model} if ok and w.resident is not None else w.resident
+        self.workers[i] = replace(w, resident=resident, loading_model=None, loading_until_us=None)
+        self._views.clear()
+        if not ok:
+            log.warning("worker %d: loading %s failed", worker_id, model)
+            self._target.pop(worker_id, None)  # do not retry a failed placement in a loop
+        self.step()
+
+    def wakeup(self) -> None:
+        """A requested wakeup time came; a periodic plan may be due."""
+        now = self.clock()
+        self._wakeups = {t for t in self._wakeups if t > now}
+        if self.planner is not None and self._next_plan_us is not None and now >= self._next_plan_us:
+            self.request_plan()
+        self.step()
+
+    # ------------------------------------------------------------------ plans
+    def start_planning(self) -> None:
+        """Ask for the first plan now; later ones follow every ``planner.period_us``."""
+        if self.planner is None:
+            raise ValueError("this engine has no planner")
+        self.request_plan()
+
+    def request_plan(self) -> None:
+        """Plan now, unless a plan is already being made (the request is then served by that one)."""
+        if self.planner is None or self._planning:
+            return
+        now = self.clock()
+        demand = Demand(self._demand_since_us, now, dict(self._arrivals))
+        self._arrivals.clear()
+        self._demand_since_us = now
+        self._planning = True
+        self.executor.plan(self.planner, now, demand)
+
+    def plan_failed(self) -> None:
+        """The planner raised: the current plan stays, and the next one is asked for a period later."""
+        self._planning = False
+        assert self.planner is not None
+        self._next_plan_us = self.clock() + self.planner.period_us
+        self._wake(self._next_plan_us)
+
+    def apply_plan(self, plan: Plan) -> None:
+        """A plan is in force: workers move to its placement as they become free; policies route by it."""
+        self._planning = False
+        self.plan = plan
+        now = self.clock()
+        for wid, models in plan.placement.items():
+            if wid not in self._index:
+                raise PolicyError(f"plan places models on unknown worker {wid}")
+            self._target[wid] = frozenset(models)
+        for qt in self.types.values():
+            qt.policy.observe_plan(now, plan)
+        assert self.planner is not None
+        self._next_plan_us = now + self.planner.period_us
+        self._wake(self._next_plan_us)
+        self.step()
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> None:
+        """Let every policy decide until none has anything left to do; carry out each decision."""
+        if self._stepping:  # an executor that reported at once (an inline plan): the running loop sees it
+            return
+        self._stepping = True
+        try:
+            now = self.clock()
+            self._move_to_target(now)
+            progress = True
+            while progress:
+                progress = False
+                for qt in self._by_head_deadline():
+                    decision = qt.policy.decide(now, qt.queue.view(), self._workers_for(qt))
+                    self.num_decisions += 1
+                    if self.on_decide is not None:
+                        self.on_decide(qt.name, qt.policy.name)
+                    if decision.wakeup_us is not None and decision.wakeup_us > now:
+                        self._wake(decision.wakeup_us)
+                    if not decision.is_empty:
+                        self._apply(qt, decision, now)
+                        progress = True
+        finally:
+            self._stepping = False
+
+    def _by_head_deadline(self) -> list[QueryType]:
+        if len(self.types) == 1:
+            return list(self.types.values())
+        return sorted(self.types.values(), key=lambda t: t.queue.peek().deadline_us if t.queue else 1 << 62)
+
+    def _apply(self, qt: QueryType, decision: Decision, now: int) -> None:
+        for d in decision.dispatches:
+            i = self._index.get(d.worker_id)
+            if i is None:
+                raise PolicyError(f"{qt.policy.name}: no worker {d.worker_id}")
+            worker = self.workers[i]
+            if not worker.is_free:
+                raise PolicyError(f"{qt.policy.name}: worker {d.worker_id} is not free")
+            if not d.query_ids:
+                raise PolicyError(f"{qt.policy.name}: empty batch for worker {d.worker_id}")
+            model = qt.models.get(d.variant_id)
+            if model is None or not worker.holds(model):
+                raise PolicyError(f"{qt.policy.name}: variant {d.variant_id!r} is not resident on worker {worker.id}")
+            queries = tuple(qt.queue.remove(d.query_ids))
+            expected = qt.policy.latency.us(d.variant_id, len(queries), worker.device)
+            self._tokens += 1
+            batch = Batch(d, queries, now, expected, worker.device, self._tokens)
+            self.workers[i] = replace(worker, busy_until_us=now + expected)
+            self._running[worker.id] = batch
+            for q in queries:
+                self._attempts[q.id] = self._attempts.get(q.id, 0) + 1
+            self.executor.run_batch(batch)
+        if decision.dropped:
+            error = DeadlineExceeded(f"dropped by {qt.policy.name}: no variant can meet its deadline any more")
+            for q in qt.queue.remove(decision.dropped):
+                self._end(q, Outcome.DROPPED, now, error=error)
+        for u in decision.unloads:
+            self._unload(u)
+        for load in decision.loads:
+            self._load(load, now)
+
+    def _load(self, load: Load, now: int) -> None:
+        i = self._index.get(load.worker_id)
+        if i is None or not self.workers[i].is_free:
+            raise PolicyError(f"cannot load {load.model!r}: worker {load.worker_id} is missing or not free")
+        worker = self.workers[i]
+        expected = self.executor.load(worker, load.model)
+        self.workers[i] = replace(worker, loading_model=load.model, loading_until_us=now + expected)
+        self._views.clear()
+
+    def _unload(self, unload: Unload) -> None:
+        i = self._index.get(unload.worker_id)
+        if i is None or unload.worker_id in self._running:
+            raise PolicyError(f"cannot unload {unload.model!r}: worker {unload.worker_id} is missing or busy")
+        worker = self.workers[i]
+        resident = worker.resident if worker.resident is not None else frozenset(self._all_models())
+        self.workers[i] = replace(worker, resident=resident - {unload.model})
+        self._views.clear()
+        self.executor.unload(worker, unload.model)
+
+    def _move_to_target(self, now: int) -> None:
+        """Carry out the plan's placement on every free worker: unload what it should not hold, load one model."""
+        for wid, target in list(self._target.items()):
+            worker = self.workers[self._index[wid]]
+            if not worker.is_free:
+                continue
+            resident = worker.resident if worker.resident is not None else frozenset(self._all_models())
+            for model in sorted(resident - target):
+                self._unload(Unload(wid, model))
+            missing = sorted(target - resident)
+            if missing:
+                self._load(Load(wid, missing[0]), now)
+            elif self.workers[self._index[wid]].loading_until_us is None:
+                del self._target[wid]
+
+    def _all_models(self) -> set[str]:
+        return {m for qt in self.types.values() for m in qt.models.values()}
+
+    # ------------------------------------------------------------------ admission, workers, endings
+    def _refusal(self, qt: QueryType, query: Query) -> RequestError | None:
+        if not self._num_healthy(qt):
+            return Unavailable("no healthy worker")
+        if qt.queue_limit is not None and len(qt.queue) >= qt.queue_limit:
+            return Unavailable(f"queue full ({qt.queue_limit} requests queued)")
+        if qt.check_slo and query.stage == 0:
+            quickest = self.quickest_us(qt.name)
+            if query.deadline_us - query.arrival_us < quickest:
+                return SloInfeasible(f"slo_us {query.deadline_us - query.arrival_us} is below the fastest variant's "
+                                     f"batch-1 latency ({quickest} us): no variant can meet it")
+        return None
+
+    def quickest_us(self, query_type: str) -> int:
+        """The quickest option of a query type on any device kind in the pool (batch 1)."""
+        qt = self.types[query_type]
+        version = qt.policy.latency.version
+        cached = self._quickest.get(query_type)
+        if cached is None or cached[0] != version:
+            devices = {w.device for w in self.workers} or {qt.policy.device}
+            cached = self._quickest[query_type] = (version, min(qt.policy.quickest_us(d) for d in devices))
+        return cached[1]
+
+    def _workers_for(self, qt: QueryType) -> list[WorkerState]:
+        """The workers that hold one of the type's models, or are loading one (all of them when none is placed)."""
+        mine = self._view(qt)[0]
+        return self.workers if mine is None else [self.workers[i] for i in mine]
+
+    def _num_healthy(self, qt: QueryType) -> int:
+        return self._view(qt)[1]
+
+    def _view(self, qt: QueryType) -> tuple[list[int] | None, int]:
+        view = self._views.get(qt.name)
+        if view is None:
+            models = set(qt.models.values())
+            mine = [i for i, w in enumerate(self.workers)
+                    if w.resident is None or models & w.resident or w.loading_model in models]
+            view = self._views[qt.name] = (None if len(mine) == len(self.workers) else mine,
+                                           sum(self.workers[i].healthy for i in mine))
+        return view
+
+    def _release(self, batch: Batch) -> bool:
+        """Free the batch's worker; False if the batch is stale (its worker was lost and it was retried)."""
+        if self._running.get(batch.worker_id) is not batch:
+            return False
+        del self._running[batch.worker_id]
+        i = self._index[batch.worker_id]
+        self.workers[i] = replace(self.workers[i], busy_until_us=None)
+        return True
+
+    def _requeue(self, queries: Iterable[Query], error: AccscaleError) -> None:
+        now = self.clock()
+        for q in queries:
+            qt = self.types[q.type]
+            # a query past its deadline is retried too: its policy drops it or serves it late, as it
+            # does any late query (late_queries)
+            if self._attempts.get(q.id, 0) < qt.max_attempts and self._num_healthy(qt):
+                qt.queue.push(q)  # retried on another worker
+            else:
+                self._end(q, Outcome.FAILED, now, error=Unavailable(
+                    f"{error} (after {self._attempts.get(q.id, 0)} attempt(s))"))
+
+    def fail_queued(self, error: AccscaleError) -> None:
+        """End every queued query with ``error`` (the driver's answer to a policy that raised)."""
+        for qt in self.types.values():
+            self._fail_queued(qt, error)
+
+    def _fail_queued(self, qt: QueryType, error: AccscaleError) -> None:
+        now = self.clock()
+        for q in list(qt.queue.scan()):
+            qt.queue.discard(q.id)
+            self._end(q, Outcome.FAILED, now, error=error)
+
+    def _end(self, query: Query, outcome: Outcome, now: int | None = None, variant_id: str | None = None,
+             accuracy: float | None = None, batch_size: int = 0, *, output: object = None,
+             error: AccscaleError | None = None) -> QueryRecord:
+        self._attempts.pop(query.id, None)
+        record = QueryRecord(query.id, query.arrival_us, query.deadline_us, self.clock() if now is None else now,
+                             outcome, variant_id, accuracy, batch_size, query.type, query.parent)
+        self.on_end(record, output, error)
+        return record
+
+    def _wake(self, time_us: int) -> None:
+        if time_us not in self._wakeups:
+            self._wakeups.add(time_us)
+            self.executor.wake_at(time_us)
+
+    # ------------------------------------------------------------------ what the drivers read
+    def set_policy(self, query_type: str, policy: Policy) -> Policy:
+        """Switch a type's policy in place (its queue is kept); returns the old one."""
+        qt = self.types[query_type]
+        old, qt.policy = qt.policy, policy
+        self._quickest.pop(query_type, None)
+        if self.plan is not None:
+            policy.observe_plan(self.clock(), self.plan)
+        self.step()
+        return old
+
+    def workers_of(self, query_type: str) -> list[WorkerState]:
+        """The workers a query type's policy sees."""
+        return self._workers_for(self.types[query_type])
+
+    def queued(self, query_type: str | None = None) -> int:
+        if query_type is not None:
+            return len(self.types[query_type].queue)
+        return sum(len(t.queue) for t in self.types.values())
+
+    def running(self) -> Mapping[int, Batch]:
+        return self._running
+
+
+__all__ = ["EndHandler", "Engine", "Executor", "QueryType"]

@@ -1,0 +1,53 @@
+"""Plans: what a periodic planner (Proteus' and Loki's MILPs) decides for the whole pool.
+
+A :class:`Planner` is a plain object like a policy: it never sleeps, does I/O or reads the clock.
+The engine counts arrivals per query type and asks for a plan every ``period_us`` and whenever
+``observe_arrival`` says a burst needs one. The simulator solves inline (and records how long
+the solve took); the live sidecar solves in a thread, so a long solve never blocks requests,
+and hands the plan to the engine when it is done. The engine moves each worker to the plan's
+placement as soon as the worker is free (a running batch finishes first; queued queries stay
+queued), and gives the plan to every policy, which routes by it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from scheduler_sidecar.core.records import Query
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Arrivals per query type observed since the previous plan."""
+
+    since_us: int
+    until_us: int
+    arrivals: Mapping[str, int]  # query type -> queries that arrived in [since_us, until_us)
+
+    def rate_qps(self, query_type: str) -> float:
+        span_us = self.until_us - self.since_us
+        return self.arrivals.get(query_type, 0) * 1e6 / span_us if span_us > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    created_us: int
+    # worker id -> the Triton models it should hold; workers not named keep what they have
+    placement: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    detail: object = None  # what the policies route by (e.g. per-type worker weights); the planner's own type
+
+
+class Planner(abc.ABC):
+    """How the engine calls a planner; see the module docstring."""
+
+    period_us: int  # plan at least this often
+
+    @abc.abstractmethod
+    def plan(self, now_us: int, demand: Demand) -> Plan:
+        """The plan for the demand seen; may take long (it runs off the event loop live)."""
+
+    def observe_arrival(self, now_us: int, query: Query) -> bool:
+        """A query arrived; return True to ask for a plan now (a burst), on top of the period."""
+        return False

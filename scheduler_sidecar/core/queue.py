@@ -1,0 +1,121 @@
+"""The earliest-deadline-first queue and the read-only view of it that policies get."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Iterable, Iterator
+
+from scheduler_sidecar.core.records import Query
+from scheduler_sidecar.errors import PolicyError
+
+
+class EdfQueue:
+    """Earliest-deadline-first queue: a heap plus a small sorted front.
+
+    ``head(n)`` moves the n earliest queries from the heap into the sorted front, so a policy
+    can look at the next batch in O(n log N) without popping, and removing that batch is a
+    slice of the front. Removal of other queries (a client that left) is lazy.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[Query] = []
+        self._front: list[Query] = []  # sorted; every query here precedes every query in the heap
+        self._removed: set[int] = set()
+        self._by_id: dict[int, Query] = {}
+        self._view = QueueView(self)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, query_id: int) -> bool:
+        return query_id in self._by_id
+
+    def push(self, query: Query) -> None:
+        if query.id in self._by_id:
+            raise PolicyError(f"query {query.id} is already queued")
+        self._by_id[query.id] = query
+        if self._front and query < self._front[-1]:
+            bisect.insort(self._front, query)
+        else:
+            heapq.heappush(self._heap, query)
+
+    def _fill(self, n: int) -> None:
+        front, heap, removed = self._front, self._heap, self._removed
+        while len(front) < n and heap:
+            q = heapq.heappop(heap)
+            if q.id in removed:
+                removed.discard(q.id)
+            else:
+                front.append(q)
+
+    def peek(self) -> Query:
+        self._fill(1)
+        if not self._front:
+            raise IndexError("peek from an empty queue")
+        return self._front[0]
+
+    def scan(self) -> Iterator[Query]:
+        """Queries in EDF order, fetched lazily; do not modify the queue while scanning."""
+        i = 0
+        while True:
+            self._fill(i + 1)
+            if i >= len(self._front):
+                return
+            yield self._front[i]
+            i += 1
+
+    def head(self, n: int) -> list[Query]:
+        """The ``n`` earliest-deadline queries (fewer if the queue is shorter), not removed."""
+        self._fill(n)
+        return self._front[:n]
+
+    def remove(self, query_ids: Iterable[int]) -> list[Query]:
+        """Remove queued queries by id and return them; unknown ids raise PolicyError."""
+        ids = list(query_ids)
+        out = []
+        for qid in ids:
+            query = self._by_id.pop(qid, None)
+            if query is None:
+                raise PolicyError(f"query {qid} is not queued")
+            out.append(query)
+        k = len(ids)
+        if self._front[:k] and [q.id for q in self._front[:k]] == ids:
+            del self._front[:k]  # the usual case: a policy took the head of the queue
+        else:
+            gone = set(ids)
+            kept = [q for q in self._front if q.id not in gone]
+            self._removed.update(gone - {q.id for q in self._front})
+            self._front = kept
+        return out
+
+    def view(self) -> QueueView:
+        return self._view
+
+    def discard(self, query_id: int) -> Query | None:
+        """Remove a query if it is still queued (e.g. its client disconnected)."""
+        return self.remove([query_id])[0] if query_id in self._by_id else None
+
+
+class QueueView:
+    """What a policy sees of the EDF queue: read-only access in deadline order."""
+
+    __slots__ = ("_queue",)
+
+    def __init__(self, queue: EdfQueue) -> None:
+        self._queue = queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def peek(self) -> Query:
+        """The earliest-deadline query; IndexError when empty."""
+        return self._queue.peek()
+
+    def head(self, n: int) -> list[Query]:
+        """The ``n`` earliest-deadline queries (fewer if the queue is shorter)."""
+        return self._queue.head(n)
+
+    def scan(self) -> Iterator[Query]:
+        """All queries in deadline order, fetched lazily."""
+        return self._queue.scan()

@@ -1,0 +1,114 @@
+"""One error tree for the project; the front ends map it to gRPC and HTTP status at the edge.
+
+::
+
+    AccscaleError
+    ├── RequestError              a request is answered with this error; ``code`` says how
+    │   ├── InvalidRequest        INVALID_ARGUMENT / 400: bad tensors, bad slo_us
+    │   │   └── SloInfeasible     the SLO is below the fastest option's latency
+    │   ├── UnknownModel          NOT_FOUND / 404
+    │   ├── Unavailable           UNAVAILABLE / 503: queue full, no healthy worker, shutting down
+    │   ├── DeadlineExceeded      DEADLINE_EXCEEDED / 504: no option can meet the deadline any more
+    │   ├── PermissionDenied      PERMISSION_DENIED / 403: the admin endpoints
+    │   └── InternalError         INTERNAL / 500: a bug; the request still gets this answer
+    ├── WorkerError               a worker could not run a batch
+    │   ├── WorkerLost            the worker is gone; its queries are retried elsewhere
+    │   └── WorkerFailed          the worker answered with an error; it is relayed with the worker's code
+    ├── ConfigError               a configuration, flag or option the user must fix (also a ValueError)
+    ├── ProfileError              a profile file that breaks the schema (also a ValueError)
+    └── PolicyError               a decision the engine cannot carry out: a bug in the policy
+
+User errors (``ConfigError``, ``ProfileError``, ``RequestError``) are one line for the user; the
+others are bugs or failures that are logged with their traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+
+class Code(enum.Enum):
+    """How a request error is spelled on the wire: (gRPC status name, HTTP status)."""
+
+    INVALID_ARGUMENT = ("INVALID_ARGUMENT", 400)
+    NOT_FOUND = ("NOT_FOUND", 404)
+    UNAVAILABLE = ("UNAVAILABLE", 503)
+    # HTTP has no deadline of its own; 504 says "the answer did not come in time", unlike 503 (try later)
+    DEADLINE_EXCEEDED = ("DEADLINE_EXCEEDED", 504)
+    PERMISSION_DENIED = ("PERMISSION_DENIED", 403)
+    INTERNAL = ("INTERNAL", 500)
+
+    @property
+    def http(self) -> int:
+        return self.value[1]
+
+
+class AccscaleError(Exception):
+    """Base of every error the project raises on purpose."""
+
+
+class RequestError(AccscaleError):
+    """A request answered with an error; ``code`` is how the front ends spell it."""
+
+    code: ClassVar[Code] = Code.INTERNAL
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class InvalidRequest(RequestError):
+    code = Code.INVALID_ARGUMENT
+
+
+class SloInfeasible(InvalidRequest):
+    pass
+
+
+class UnknownModel(RequestError):
+    code = Code.NOT_FOUND
+
+
+class Unavailable(RequestError):
+    code = Code.UNAVAILABLE
+
+
+class DeadlineExceeded(RequestError):
+    code = Code.DEADLINE_EXCEEDED
+
+
+class PermissionDenied(RequestError):
+    code = Code.PERMISSION_DENIED
+
+
+class InternalError(RequestError):
+    code = Code.INTERNAL
+
+
+class WorkerError(AccscaleError):
+    """A worker could not run a batch."""
+
+
+class WorkerLost(WorkerError):
+    """The worker is gone (connection lost, cancelled); the batch may be retried on another one."""
+
+
+class WorkerFailed(WorkerError, RequestError):
+    """The worker answered with an error; each query of the batch is answered with it."""
+
+    def __init__(self, message: str, code: Code = Code.INTERNAL) -> None:
+        super().__init__(message)
+        self.code = code  # type: ignore[misc]  # the worker's own status, relayed
+
+
+class ConfigError(AccscaleError, ValueError):
+    """A configuration file, flag or policy option that the user must fix; the message says how."""
+
+
+class ProfileError(AccscaleError, ValueError):
+    """A profile file that does not follow the schema; the message says where."""
+
+
+class PolicyError(AccscaleError, RuntimeError):
+    """A decision that cannot be carried out: a bug in the policy, not bad input."""

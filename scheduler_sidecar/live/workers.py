@@ -1,0 +1,228 @@
+"""The live driver's only way out: a :class:`Worker` (one Triton endpoint), its Triton implementation and a fake.
+
+A worker runs a batch of rows on a named model, loads and unloads models (Triton's model-control
+API; the launcher starts Triton in explicit mode), says whether it is ready and describes a
+model's tensors. Errors come back as the project's own: :class:`WorkerLost` when the endpoint is
+gone (the batch may be retried elsewhere), :class:`WorkerFailed` when it answered an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from scheduler_sidecar.errors import Code, WorkerError, WorkerFailed, WorkerLost
+from scheduler_sidecar.live.tensors import DTYPES, TensorSpec
+
+# tritonclient sends up to 2 GiB; the default 4 MiB limit would fail large batches
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+# worker errors that mean the worker is gone (its batch is retried elsewhere); others are relayed
+LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
+MODEL_CONTROL_TIMEOUT_S = 120.0  # a model load may compile or read large weights
+
+
+@dataclass(frozen=True)
+class InferCall:
+    """One batch for a worker: each input's rows (raw bytes, one per query) and the outputs to split back."""
+
+    model: str
+    version: str  # "" for the latest
+    inputs: tuple[tuple[TensorSpec, tuple[bytes, ...]], ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def rows(self) -> int:
+        return len(self.inputs[0][1])
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What the sidecar needs of a Triton model: its tensors (no batch dimension) and its instances."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+    instances: int
+
+
+class Worker(Protocol):
+    url: str
+
+    async def infer(self, call: InferCall, timeout_s: float) -> list[dict[str, bytes]]:
+        """The output rows of each query (output name -> raw bytes); raises WorkerLost or WorkerFailed."""
+
+    async def load(self, model: str) -> None: ...
+
+    async def unload(self, model: str) -> None: ...
+
+    async def ready(self, models: Iterable[str], timeout_s: float) -> bool:
+        """Server ready and every named model ready."""
+
+    async def describe(self, model: str) -> ModelDescription: ...
+
+    async def close(self) -> None: ...
+
+
+def code_from_grpc(status: grpc.StatusCode) -> Code:
+    """Relay an upstream (Triton) status: the same code where we have it, INTERNAL otherwise."""
+    return next((c for c in Code if c.value[0] == status.name), Code.INTERNAL)
+
+
+def _worker_error(url: str, exc: grpc.aio.AioRpcError) -> WorkerError:
+    message = f"worker {url}: {exc.details()}"
+    if exc.code() in LOST:
+        return WorkerLost(f"{message} ({exc.code().name})")
+    return WorkerFailed(message, code_from_grpc(exc.code()))
+
+
+class TritonWorker:
+    """A Triton server reached over gRPC."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._channel = grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS)
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+
+    async def infer(self, call: InferCall, timeout_s: float) -> list[dict[str, bytes]]:
+        k = call.rows
+        request = pb.ModelInferRequest(model_name=call.model, model_version=call.version)
+        for spec, rows in call.inputs:
+            request.inputs.add(name=spec.name, datatype=spec.datatype, shape=[k, *spec.dims])
+            request.raw_input_contents.append(b"".join(rows))
+        try:
+            response = await self.stub.ModelInfer(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _worker_error(self.url, exc) from exc
+        return split_rows(self.url, call, response)
+
+    async def load(self, model: str) -> None:
+        await self._control(self.stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name=model))
+
+    async def unload(self, model: str) -> None:
+        await self._control(self.stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name=model))
+
+    async def _control(self, rpc, request) -> None:
+        try:
+            await rpc(request, timeout=MODEL_CONTROL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise _worker_error(self.url, exc) from exc
+
+    async def ready(self, models: Iterable[str], timeout_s: float) -> bool:
+        try:
+            if not (await self.stub.ServerReady(pb.ServerReadyRequest(), timeout=timeout_s)).ready:
+                return False
+            for name in models:
+                if not (await self.stub.ModelReady(pb.ModelReadyRequest(name=name), timeout=timeout_s)).ready:
+                    return False
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    async def describe(self, model: str) -> ModelDescription:
+        try:
+            config = (await self.stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=10)).config
+            meta = await self.stub.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            raise _worker_error(self.url, exc) from exc
+
+        def specs(tensors) -> tuple[TensorSpec, ...]:
+            out = []
+            for t in tensors:
+                if t.datatype not in DTYPES or any(d < 0 for d in t.shape[1:]):
+                    raise ValueError(f"Triton model {model!r}: tensor {t.name!r} ({t.datatype} {list(t.shape)}) "
+                                     "is not a fixed-size tensor; the sidecar serves fixed-size tensors")
+                out.append(TensorSpec(t.name, t.datatype, tuple(t.shape[1:])))
+            return tuple(out)
+
+        return ModelDescription(specs(meta.inputs), specs(meta.outputs), config.max_batch_size,
+                                sum(g.count for g in config.instance_group) or 1)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def split_rows(url: str, call: InferCall, response: pb.ModelInferResponse) -> list[dict[str, bytes]]:
+    """A batch's raw outputs back into one row per query; a malformed answer is the worker's failure."""
+    k = call.rows
+    wanted = {t.name: t for t in call.outputs}
+    rows: list[dict[str, bytes]] = [{} for _ in range(k)]
+    if len(response.raw_output_contents) != len(response.outputs):
+        raise WorkerFailed(f"worker {url} answered without raw output contents")
+    for tensor, raw in zip(response.outputs, response.raw_output_contents):
+        spec = wanted.get(tensor.name)
+        if spec is None:
+            continue
+        size = spec.row_bytes
+        if len(raw) != size * k:
+            raise WorkerFailed(f"worker {url}: output '{tensor.name}' has {len(raw)} bytes, expected {size * k} "
+                               f"for {k} rows")
+        for i in range(k):
+            rows[i][tensor.name] = raw[i * size:(i + 1) * size]
+    return rows
+
+
+@dataclass
+class FakeWorker:
+    """An in-process worker for tests: it records every call and answers as ``compute`` says.
+
+    ``gate``, when set, holds every batch and load until the test opens it; ``fail_with`` makes
+    batches raise; ``running`` and ``max_running`` show how many batches ran at once.
+    """
+
+    url: str
+    compute: Callable[[InferCall], list[dict[str, bytes]]] | None = None
+    description: ModelDescription | None = None
+    gate: asyncio.Event | None = None
+    fail_with: WorkerError | None = None
+    healthy: bool = True
+    calls: list[InferCall] = field(default_factory=list)
+    control: list[tuple[str, str]] = field(default_factory=list)  # ("load" | "unload", model), in order
+    running: int = 0
+    max_running: int = 0
+
+    async def infer(self, call: InferCall, timeout_s: float) -> list[dict[str, bytes]]:
+        self.calls.append(call)
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.fail_with is not None:
+                raise self.fail_with
+            return self.compute(call) if self.compute is not None else echo(call)
+        finally:
+            self.running -= 1
+
+    async def load(self, model: str) -> None:
+        self.control.append(("load", model))
+        if self.gate is not None:
+            await self.gate.wait()
+
+    async def unload(self, model: str) -> None:
+        self.control.append(("unload", model))
+
+    async def ready(self, models: Iterable[str], timeout_s: float) -> bool:
+        return self.healthy
+
+    async def describe(self, model: str) -> ModelDescription:
+        if self.description is None:
+            raise WorkerFailed(f"fake worker {self.url} describes no model")
+        return self.description
+
+    async def close(self) -> None:
+        pass
+
+
+def echo(call: InferCall) -> list[dict[str, bytes]]:
+    """Each output row is the first input row's first values, repeated or cut to the output's size."""
+    out = []
+    for row in call.inputs[0][1]:
+        values = np.frombuffer(row, np.uint8)
+        out.append({t.name: np.resize(values, t.row_bytes).tobytes() for t in call.outputs})
+    return out

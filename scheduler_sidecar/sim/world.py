@@ -1,0 +1,87 @@
+"""The simulated world, described apart from any policy: its workers, their device kinds and speeds,
+how long a batch and a model load take, and when workers fail.
+
+A batch takes the profiled p50 of (variant, batch size) on the worker's device kind, divided by
+the worker's speed, or, with ``latency_noise="tail"``, a lognormal sample whose median is that
+p50 and whose 99th percentile is the p99. A batch between profiled sizes is padded to the next
+profiled size, as a batching server runs it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Mapping, Sequence
+
+import numpy as np
+
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.core.records import WorkerState
+
+_Z99 = 2.3263478740408408  # standard normal 99th percentile
+
+
+@dataclass(frozen=True, slots=True)
+class SimWorker:
+    device: str = "cpu"  # device kind: the profile curve its batches take
+    speed: float = 1.0  # batches take the profiled latency divided by this
+    resident: frozenset[str] | None = None  # Triton models loaded at the start; None: every model
+
+
+@dataclass(frozen=True)
+class World:
+    workers: tuple[SimWorker, ...]
+    seed: int = 0
+    latency_noise: Literal["none", "tail"] = "none"
+    fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
+    load_ms: Mapping[str, float] | float = 0.0  # model load time, per Triton model or for all
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise ValueError("a simulation needs at least one worker")
+        if any(not w.speed > 0 for w in self.workers):
+            raise ValueError("worker speeds must be positive")
+
+    @classmethod
+    def uniform(cls, workers: int, device: str = "cpu", **options) -> World:
+        """``workers`` identical workers of one device kind holding every model."""
+        if workers < 1:
+            raise ValueError("a simulation needs at least one worker")
+        return cls(tuple(SimWorker(device) for _ in range(workers)), **options)
+
+    def worker_states(self) -> list[WorkerState]:
+        return [WorkerState(i, device=w.device, resident=w.resident) for i, w in enumerate(self.workers)]
+
+    def load_us(self, model: str) -> int:
+        ms = self.load_ms.get(model, 0.0) if isinstance(self.load_ms, Mapping) else self.load_ms
+        return max(1, round(ms * 1000))
+
+
+class BatchLatency:
+    """Samples how long a batch takes in the world (the simulator's only source of time)."""
+
+    def __init__(self, world: World, profiles: Sequence[Profile]) -> None:
+        self.world = world
+        self.rng = np.random.default_rng(world.seed)
+        # (variant, device, k) -> (p50 in us, lognormal sigma) of the smallest profiled batch size >= k
+        self._table: dict[tuple[str, str, int], tuple[float, float]] = {}
+        devices = {w.device for w in world.workers}
+        for profile in profiles:
+            for v in profile.variants:
+                for device in devices & set(v.latency):
+                    curve = v.latency[device]
+                    k = 1
+                    for b, p50, p99 in zip(curve.batch_sizes, curve.p50_ms, curve.p99_ms):
+                        sigma = math.log(max(p99, p50) / p50) / _Z99 if p50 > 0 else 0.0
+                        for size in range(k, b + 1):
+                            self._table[(v.id, device, size)] = (p50 * 1000, sigma)
+                        k = b + 1
+
+    def sample_us(self, variant_id: str, batch_size: int, worker_id: int) -> int:
+        worker = self.world.workers[worker_id]
+        p50, sigma = self._table[(variant_id, worker.device, batch_size)]
+        if worker.speed != 1.0:
+            p50 /= worker.speed
+        if self.world.latency_noise == "tail":
+            p50 *= math.exp(sigma * self.rng.standard_normal())
+        return max(1, round(p50))
