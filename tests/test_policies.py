@@ -123,3 +123,15 @@ def test_edf_queue_orders_by_deadline_then_arrival():
     with pytest.raises(PolicyError):
         queue.remove([999])
     assert isinstance(EdfQueue(), EdfQueue)
+
+
+def test_slackfit_serves_below_bucket_zero_what_the_quickest_option_can_still_serve():
+    """A slack between the quickest option (fastest variant, batch 1) and bucket 0 is served, not dropped."""
+    policy = SlackFit(PROFILE)
+    menu = policy.menu()
+    quickest_us = min(policy.latency_us(v, 1) for v in PROFILE.variants)
+    assert menu.fastest_us == quickest_us < menu.buckets[0].latency_us
+    slack = (quickest_us + menu.buckets[0].latency_us) // 2
+    d = policy.decide(0, make_queue(make_queries(n=4, slo_us=slack)).view(), make_workers(1))
+    assert not d.dropped and d.dispatches
+    assert policy.latency.us(d.dispatches[0].variant_id, len(d.dispatches[0].query_ids), "cpu") <= slack

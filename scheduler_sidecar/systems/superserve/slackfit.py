@@ -16,9 +16,10 @@ moves to small subnets and large batches; light load moves it to accurate subnet
 # Ambiguity (digest A4): the latency a bucket is matched on. Chosen: the chosen pair's own
 # profiled latency, not the band's upper edge, so a choice never exceeds the slack.
 # Ambiguity (digest A7): fewer queued queries than the bucket's batch. Chosen: run those.
-# The drop threshold and the fallback option are the quickest option overall (the fastest
-# variant at batch 1), not bucket 0, which may hold a larger batch of it: a query that option
-# can still serve is never dropped.
+# Below bucket 0 (review finding): the drop threshold is the quickest option overall (the
+# fastest variant at batch 1), not bucket 0, which may hold a larger batch: a query that
+# option can still serve is not dropped. It is served with the fastest variant's largest batch
+# within its slack, the bucket rule's own choice among the options below bucket 0.
 """
 
 from __future__ import annotations
@@ -62,25 +63,30 @@ def build_buckets(profile: Profile, device: str, num_buckets: int, latency: Late
 
 
 class Buckets:
-    """SlackFit's options on one device kind: the buckets and the quickest option."""
+    """SlackFit's options on one device kind: the buckets, and below them the quickest variant's batches."""
 
-    def __init__(self, buckets: list[Bucket], fastest: tuple[str, int], fastest_us: int) -> None:
+    def __init__(self, buckets: list[Bucket], quickest: list[Bucket]) -> None:
         self.buckets = buckets
         self._latencies = [k.latency_us for k in buckets]
-        self._fastest = fastest
-        self.fastest_us = fastest_us
+        self.quickest = quickest  # the quickest variant at each batch size, ascending latency
+        self._quickest_latencies = [k.latency_us for k in quickest]
+        self.fastest_us = quickest[0].latency_us
 
     def bucket(self, slack_us: int) -> Bucket | None:
-        """The bucket with the largest latency <= slack; None if even the fastest is slower."""
+        """The bucket with the largest latency <= slack; below bucket 0, the quickest variant's largest
+        batch that fits; None if not even its batch 1 does."""
         i = bisect.bisect_right(self._latencies, slack_us)
-        return self.buckets[i - 1] if i else None
+        if i:
+            return self.buckets[i - 1]
+        j = bisect.bisect_right(self._quickest_latencies, slack_us)
+        return self.quickest[j - 1] if j else None
 
     def choose(self, slack_us: int) -> tuple[str, int] | None:
         bucket = self.bucket(slack_us)
         return (bucket.variant_id, bucket.batch_size) if bucket else None
 
     def fastest(self) -> tuple[str, int]:
-        return self._fastest
+        return self.quickest[0].variant_id, self.quickest[0].batch_size
 
 
 class SlackFit(HeadSlackPolicy[Buckets]):
@@ -95,8 +101,10 @@ class SlackFit(HeadSlackPolicy[Buckets]):
         self.num_buckets = num_buckets
 
     def build_menu(self, device: str) -> Buckets:
-        b = build_buckets(self.profile, device, self.num_buckets, self.latency)
-        return Buckets(b, (b[0].variant_id, b[0].batch_size), b[0].latency_us)
+        v = min(self.profile.variants, key=lambda v: (self.latency.us(v.id, 1, device), -v.accuracy))
+        quickest = [Bucket(self.latency.us(v.id, b, device), v.id, b, v.accuracy)
+                    for b in v.latency[device].batch_sizes]
+        return Buckets(build_buckets(self.profile, device, self.num_buckets, self.latency), quickest)
 
     @property
     def buckets(self) -> list[Bucket]:
