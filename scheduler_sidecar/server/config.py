@@ -24,12 +24,17 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from scheduler_sidecar.policies import POLICIES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 has no tomllib; `tomli` is the package it came from (a dependency there, see pyproject.toml)
+    import tomli as tomllib
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,66 @@
+"""The sidecar's TOML config reader on Python 3.11+ (stdlib tomllib) and on 3.10 (the tomli package)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+import pytest
+
+from scheduler_sidecar.server import config
+
+GOOD = 'workers = ["h:1"]\n[[models]]\nname = "d"\nprofile = "p.json"\n'
+
+
+def load_config_module_as_on_python_310(monkeypatch: pytest.MonkeyPatch, tomli: types.ModuleType):
+    """A fresh copy of server/config.py executed as if on Python 3.10, with ``tomli`` importable."""
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` fails, as on 3.10
+    monkeypatch.setitem(sys.modules, "tomli", tomli)
+    spec = importlib.util.spec_from_file_location("config_as_on_py310", config.__file__)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_python_310_reads_the_config_with_tomli_and_reports_its_decode_errors(monkeypatch, tmp_path):
+    real = config.tomllib  # this interpreter's parser (tomllib, or tomli on 3.10), wrapped below
+
+    class TomliDecodeError(ValueError):
+        """tomli's own exception class: a distinct type from tomllib's."""
+
+    calls = []
+
+    def loads(text: str) -> dict:
+        calls.append(text)
+        try:
+            return real.loads(text)
+        except real.TOMLDecodeError as exc:
+            raise TomliDecodeError(str(exc)) from None
+
+    tomli = types.ModuleType("tomli")
+    tomli.loads, tomli.TOMLDecodeError = loads, TomliDecodeError
+    py310 = load_config_module_as_on_python_310(monkeypatch, tomli)
+    assert py310.tomllib is tomli
+
+    path = tmp_path / "c.toml"
+    path.write_text(GOOD)
+    assert py310.load(path).workers == ("h:1",) and calls == [GOOD]
+    path.write_text("workers = [")
+    with pytest.raises(ValueError, match=r"c\.toml: ") as err:
+        py310.load(path)
+    assert not isinstance(err.value, TomliDecodeError)  # turned into the config's own message, not leaked
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is in the standard library from 3.11")
+def test_python_311_uses_the_standard_library(tmp_path):
+    import tomllib
+
+    assert config.tomllib is tomllib
+    path = tmp_path / "c.toml"
+    path.write_text("workers = [")
+    with pytest.raises(ValueError, match=r"c\.toml: ") as err:
+        config.load(path)
+    assert not isinstance(err.value, tomllib.TOMLDecodeError)
