@@ -1,12 +1,15 @@
 """`accscale simulate` end to end: a trace file, a profile file, one JSON object."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from loadtest import traces
 from scheduler_sidecar.cli import main
 from tests.builders import make_profile
+from tests.conftest import REPO_ROOT
 
 
 def run_json(capsys, *argv: str) -> dict:
@@ -70,6 +73,21 @@ def test_optimal_reports_the_upper_bound_by_default(tmp_path, capsys):
     assert feasible["bound"] == "feasible" and feasible["objective"] <= upper["objective"] + 1e-9
     last_arrival_s = float(traces.Trace.load(trace).arrival_s.max())
     assert last_arrival_s <= upper["sim_seconds"] <= last_arrival_s + 0.012
+
+
+def test_optimal_json_is_all_that_reaches_stdout(tmp_path, capfd):
+    """HiGHS prints a banner from C++ (fd 1, not sys.stdout) on the first solve of a process; --json must
+    still be one JSON object. capfd sees what C writes; the banner comes only once per process, so a
+    fresh interpreter runs the same command too."""
+    profile, trace = tiny_optimal_inputs(tmp_path)
+    argv = ["simulate", "--policy", "optimal", "--profile", profile, "--trace", trace, "--slo-ms", "12", "--json"]
+    assert main(argv) == 0
+    captured = capfd.readouterr()
+    assert json.loads(captured.out)["status"] == "optimal"
+    fresh = subprocess.run([sys.executable, "-m", "scheduler_sidecar.cli", *argv], check=False, capture_output=True,
+                           text=True, cwd=REPO_ROOT, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    assert json.loads(fresh.stdout) == json.loads(captured.out)
 
 
 @pytest.mark.parametrize("option", [("--fail-at", "0.05"), ("--late-queries", "serve"),

@@ -80,10 +80,13 @@ Two alternatives were tried and dropped. A per-worker model with binaries x[q, n
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
+import os
+import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -250,6 +253,43 @@ def _pick_solver(time_limit_s: float) -> tuple[Any, str]:
     return cbc, "PULP_CBC_CMD"
 
 
+@contextlib.contextmanager
+def _c_stdout_silenced() -> Iterator[None]:
+    """Point file descriptor 1 at the null device for the block, so that C and C++ code cannot print on stdout.
+
+    HiGHS prints its banner from C++ when the first ``Highs`` object of a process is built, before PuLP can
+    set ``output_flag`` off (``msg=False``), and that banner would land in front of ``--json`` output. Python's
+    ``sys.stdout`` is flushed before the switch, and C's stdio buffers before fd 1 comes back. The switch is
+    process-wide: another thread's stdout writes during the solve are lost too (only offline tools solve).
+    """
+    try:
+        saved = os.dup(1)
+    except OSError:  # no fd 1 at all: nothing can reach stdout
+        yield
+        return
+    if sys.stdout is not None:
+        sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        _flush_c_stdio()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _flush_c_stdio() -> None:
+    """fflush(NULL): what C code left in stdio buffers goes where fd 1 points now."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library handle (Windows): nothing to flush
+        pass
+
+
 @dataclass(frozen=True)
 class _Model:
     prob: Any  # pulp.LpProblem
@@ -381,7 +421,8 @@ def solve_optimal(arrival_us: Sequence[int], deadline_us: Sequence[int], profile
     if not model.batches:  # no query can be served at all
         return OptimalResult(0.0, 0, (), solver_name, "optimal", 0.0, time_step_us, bound, num_variables,
                              num_constraints)
-    model.prob.solve(solver)
+    with _c_stdout_silenced():  # msg=False silences HiGHS's log, not the banner it prints from C++
+        model.prob.solve(solver)
 
     sol_status = model.prob.sol_status
     status = ("optimal" if sol_status == pulp.LpSolutionOptimal
