@@ -1,7 +1,7 @@
 """``accscale reproduce superserve``: SuperServe's Fig. 9, Fig. 10 and Fig. 11a in simulation.
 
-Every cell runs SlackFit and the paper's baselines (Clipper+ at six subnets uniformly spread
-in accuracy, INFaaS) plus MaxAcc and MaxBatch, on the paper-scale profile
+Every cell runs SlackFit and the paper's baselines (Clipper+ at six subnets, INFaaS) plus
+MaxAcc and MaxBatch, on the paper-scale profile
 (``profiles/superserve_paper.json``) with 8 workers and a 36 ms SLO, and writes per figure a
 CSV table, a Markdown table and a plot in the paper's form (SLO attainment against mean
 serving accuracy, one marker per policy), plus the dynamics of the fault-tolerance run.
@@ -10,6 +10,14 @@ serving accuracy, one marker per policy), plus the dynamics of the fault-toleran
 # of the same bursty trace in Fig. 13a. Trace length: --duration-s (paper: not stated).
 # Ambiguity (digest A8): SLOs of Fig. 10 and Fig. 11a are not stated. Chosen: 36 ms, Fig. 9's.
 # Ambiguity (digest A10): the time-varying ramp's start. Chosen: a quarter into the trace.
+#   So Fig. 10 needs a trace longer than 4/3 of its slowest ramp (2500 -> 7800 q/s at 250 q/s²:
+#   21.2 s, so above 28.27 s): in a shorter one some ramps never reach λ2, and cells that differ
+#   only in λ2 replay the very same trace. ``plan`` refuses such a duration.
+# Ambiguity (Clipper+ versions): the paper names three, 76.69 and 78.25 % (§6.3.1) and 79.44 %
+#   (§6.3.2), but Fig. 9 plots more. Chosen: six versions spread uniformly in accuracy, each named
+#   version replacing the spread one nearest to it; a profile that names none (no
+#   ``named_variants`` entry for them in its metadata, see paper_profile.py) runs the plain spread.
+#   On profiles/superserve_paper.json: 73.82, 75.10, 76.69, 78.25, 79.44 and 80.16 %.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import numpy as np
 
 from scheduler_sidecar.core.profile import PROFILES_DIR
 from scheduler_sidecar.sim.results import write_rows
+from scheduler_sidecar.systems.superserve.paper_profile import CLIPPER_PLUS_ACCURACIES
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +74,35 @@ def register(papers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def clipper_versions(profile) -> list:
+    """Clipper+'s CLIPPER_VERSIONS fixed variants, by accuracy: uniformly spread, except that each of the
+    paper's own Clipper+ versions the profile names (metadata ``named_variants``) replaces the spread
+    variant nearest to it in accuracy."""
+    versions = profile.spread(CLIPPER_VERSIONS)
+    named_ids = profile.metadata.get("named_variants", {})
+    named = [profile.variant(named_ids[label]) for label in (f"{100 * a:.2f}" for a in CLIPPER_PLUS_ACCURACIES)
+             if label in named_ids]
+    named_set = {v.id for v in named}
+    for v in named:
+        if v.id in {w.id for w in versions}:
+            continue
+        nearest = min((w for w in versions if w.id not in named_set),
+                      key=lambda w: (abs(w.accuracy - v.accuracy), w.id))
+        versions[versions.index(nearest)] = v
+    return sorted(versions, key=lambda v: v.accuracy)
+
+
+def fig10_min_duration_s() -> float:
+    """Fig. 10's traces must be longer than this: every ramp, starting a quarter in, then reaches λ2."""
+    slowest_ramp_s = max(abs(rate2 - FIG10_RATE1_QPS) / tau for rate2 in FIG10_RATE2_QPS for tau in FIG10_TAU)
+    return slowest_ramp_s * 4 / 3
+
+
 def policy_runs(profile) -> list[tuple[str, str, tuple[tuple[str, object], ...]]]:
-    """(display name, registry name, options) for SlackFit, MaxAcc, MaxBatch, six Clipper+, INFaaS."""
+    """(display name, registry name, options) for SlackFit, MaxAcc, MaxBatch, INFaaS and six Clipper+."""
     runs = [("slackfit", "slackfit", ()), ("maxacc", "maxacc", ()), ("maxbatch", "maxbatch", ()),
             ("infaas", "infaas", ())]
-    for v in profile.spread(CLIPPER_VERSIONS):
+    for v in clipper_versions(profile):
         runs.append((f"clipper({100 * v.accuracy:.2f})", "clipper", (("variant_id", v.id),)))
     return runs
 
@@ -84,6 +117,13 @@ def plan(figure: str, profile, duration_s: float, seed: int) -> list[Run]:
                                     ("duration_s", duration_s), ("seed", seed)))
                 runs += [Run("9", f"lv={lv:g} cv2={cv2:g}", *p, trace) for p in policies]
     if figure in ("10", "all"):
+        if not duration_s > fig10_min_duration_s():
+            rate2, tau = max(FIG10_RATE2_QPS), min(FIG10_TAU)
+            raise ValueError(
+                f"Fig. 10 needs --duration-s above {fig10_min_duration_s():.2f}, got {duration_s:g}: each ramp starts "
+                f"a quarter into the trace, and the slowest, {FIG10_RATE1_QPS:g} -> {rate2:g} q/s at {tau:g} q/s², "
+                f"takes {(rate2 - FIG10_RATE1_QPS) / tau:g} s; in a shorter trace some ramps never reach λ2, and "
+                "cells that differ only in λ2 would replay the same trace")
         for rate2 in FIG10_RATE2_QPS:
             for tau in FIG10_TAU:
                 trace = ("time_varying", (("rate1_qps", FIG10_RATE1_QPS), ("rate2_qps", rate2), ("tau_qps2", tau),
