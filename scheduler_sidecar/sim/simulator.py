@@ -92,6 +92,8 @@ class Simulator:
         while next_arrival < n or events:
             if events and (next_arrival >= n or events[0][0] <= arrivals[next_arrival]):
                 run.now, kind, _, payload = heapq.heappop(events)
+                if kind != _WAKEUP:
+                    run.work -= 1
                 if kind == _COMPLETION:
                     engine.batch_done(payload, self.result_model(payload, run.now, run.new_id)
                                       if self.result_model is not None else BatchResult())
@@ -101,8 +103,10 @@ class Simulator:
                     victim = next((w for w in engine.workers if w.healthy), None)
                     if victim is not None:
                         engine.set_health(victim.id, False)
-                else:
+                elif next_arrival < n or run.work or engine.queued():
                     engine.wakeup()
+                else:  # only wakeups left (a planner's period): the trace is over
+                    break
             else:
                 i = next_arrival
                 run.now = arrivals[i]
@@ -123,6 +127,7 @@ class _Run:
         self.sim, self.n = sim, n
         self.now = 0
         self.events: list[tuple[int, int, int, object]] = []
+        self.work = 0  # events in the heap other than wakeups
         self._seq = itertools.count(1)
         self._ids = itertools.count(n)
         self.finish = np.full(n, -1, dtype=np.int64)
@@ -144,6 +149,7 @@ class _Run:
         return next(self._ids)
 
     def _push(self, time_us: int, kind: int, payload: object) -> None:
+        self.work += kind != _WAKEUP
         heapq.heappush(self.events, (time_us, kind, next(self._seq), payload))
 
     def _on_end(self, record: QueryRecord, output: object, error: AccscaleError | None) -> None:

@@ -1,0 +1,95 @@
+"""The engine in the simulator: several query types on one pool, loads, wakeups and plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_sidecar.core.plan import Demand, Plan, Planner
+from scheduler_sidecar.core.records import Decision, Load, Unload
+from scheduler_sidecar.sim.simulator import Simulator
+from scheduler_sidecar.sim.world import SimWorker, World
+from scheduler_sidecar.systems.superserve.baselines import ClipperPlus
+from scheduler_sidecar.systems.superserve.slackfit import SlackFit
+from tests.builders import make_profile
+
+
+def test_two_query_types_share_workers_without_double_booking():
+    """Both types are served on one worker, and its batches never overlap in time."""
+    sim = Simulator({"x": SlackFit(make_profile()), "y": SlackFit(make_profile())}, World.uniform(1))
+    arrivals = list(range(0, 200_000, 2_000))
+    result = sim.run(arrivals, [a + 100_000 for a in arrivals], ["x", "y"] * (len(arrivals) // 2))
+    assert result.summary()["met"] == len(arrivals)
+    spans = sorted((b.start_us, b.batch_size) for b in result.batches)
+    ends = [s for s, _ in spans]
+    assert ends == sorted(set(ends))  # one batch start per instant on the single worker
+
+
+class MoveToV2(ClipperPlus):
+    """At its first decision, moves worker 0 from model m3 to m2 (unload, load), then serves v2."""
+
+    name = "move"
+
+    def __init__(self, profile, **options) -> None:
+        super().__init__(profile, variant_id="v2", **options)
+        self.moved = False
+
+    def decide(self, now_us, queue, workers):
+        if not self.moved:
+            self.moved = True
+            return Decision(unloads=(Unload(0, "m3"),), loads=(Load(0, "m2"),))
+        return super().decide(now_us, queue, workers)
+
+
+def test_a_loading_worker_serves_nothing_until_the_load_completes():
+    """Simulated load time 50 ms: no batch starts before it; every query is served after it."""
+    world = World((SimWorker(resident=frozenset({"m3"})),), load_ms=50.0)
+    result = Simulator(MoveToV2(make_profile()), world).run([0, 1_000, 2_000], [10**7] * 3)
+    assert min(b.start_us for b in result.batches) >= 50_000
+    assert result.summary()["met"] == 3 and set(result.variant) == {"v2"}
+
+
+class Recorder(Planner):
+    """Plans every 100 ms, and at once when an arrival finds 10 or more queries since the last plan."""
+
+    period_us = 100_000
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, Demand]] = []
+        self.since = 0
+
+    def plan(self, now_us, demand):
+        self.calls.append((now_us, demand))
+        self.since = 0
+        return Plan(now_us)
+
+    def observe_arrival(self, now_us, query):
+        self.since += 1
+        return self.since >= 10
+
+
+def test_plans_come_at_the_period_and_on_a_demand_jump():
+    planner = Recorder()
+    slow = list(range(0, 300_000, 50_000))  # 2 queries per period
+    burst = [310_000 + i for i in range(10)]  # 10 queries at once
+    arrivals = slow + burst
+    result = Simulator(SlackFit(make_profile()), World.uniform(4), planner=planner).run(
+        arrivals, [a + 1_000_000 for a in arrivals])
+    times = [t for t, _ in planner.calls]
+    assert times[:4] == [0, 100_000, 200_000, 300_000]  # the period
+    assert 310_009 in times  # the burst's tenth arrival asked for a plan at once
+    jump = dict(planner.calls)[310_009]
+    assert jump.arrivals[""] == 10 and jump.rate_qps("") == pytest.approx(10 / 0.010009)  # 10 queries since the 300 ms plan
+    assert result.summary()["plans"] == len(planner.calls)
+
+
+def test_a_wakeup_asks_the_policy_even_with_an_empty_queue():
+    """A policy that asks to be woken at 5 ms is called then, though no query is queued."""
+    calls = []
+
+    class Waker(SlackFit):
+        def decide(self, now_us, queue, workers):
+            calls.append((now_us, len(queue)))
+            return Decision(wakeup_us=5_000) if now_us < 5_000 else super().decide(now_us, queue, workers)
+
+    Simulator(Waker(make_profile()), World.uniform(1)).run([0], [1_000_000])
+    assert (5_000, 0) in calls
