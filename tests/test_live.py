@@ -14,7 +14,7 @@ from scheduler_sidecar.core.plan import Plan, Planner
 from scheduler_sidecar.core.records import Decision, Load, Unload
 from scheduler_sidecar.errors import DeadlineExceeded, InvalidRequest, SloInfeasible, Unavailable, WorkerFailed
 from scheduler_sidecar.errors import WorkerLost
-from scheduler_sidecar.live.driver import LiveDriver, LiveModel, ModelOptions
+from scheduler_sidecar.live.driver import LiveDriver, LiveModel, ModelOptions, now_us
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import FakeWorker, InferCall
 from scheduler_sidecar.policies import POLICIES, make_policy
@@ -309,3 +309,61 @@ def test_config_file_and_flags(tmp_path):
     path.write_text("workers = [")
     with pytest.raises(ValueError, match="c.toml"):
         sidecar_config.load(path)
+
+
+TINY_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.index = float(args["model_name"][1:])
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+            k = len(x)
+            y = np.stack([x.sum(1), np.full(k, self.index), np.full(k, k)], 1).astype(np.float32)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("LOGITS", y)]))
+        return out
+'''
+
+
+def tiny_config(name: str) -> str:
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 16\n'
+            'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+            'output [ { name: "LOGITS" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+            'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_a_policy_loads_a_model_on_a_real_triton_and_no_request_is_lost(tmp_path):
+    """Explicit model control: m3 is unloaded and m2 loaded while requests wait; all are then served by m2."""
+    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.live.workers import TritonWorker
+
+    for name in ("m2", "m3"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.py").write_text(TINY_MODEL)
+        (tmp_path / name / "config.pbtxt").write_text(tiny_config(name))
+
+    async def main(url: str):
+        triton = TritonWorker(url)
+        assert await triton.ready(["m3"], 5.0) and not await triton.ready(["m2"], 5.0)
+        driver, (model,) = make_driver(policies={"m": LoadOnce(make_profile())}, clock=now_us)
+        driver.add_worker(triton, 1, resident=frozenset({"m3"}))
+        calls = [asyncio.ensure_future(model.infer(row(i, 1), 60_000_000)) for i in range(4)]
+        await settle()
+        assert driver.engine.workers[0].loading_model == "m2" and driver.engine.queued("m") == 4
+        answers = await asyncio.gather(*calls)
+        assert sorted(logits(a)[0] for a in answers) == [1, 2, 3, 4]
+        assert {logits(a)[1] for a in answers} == {2.0}  # served by m2, loaded meanwhile
+        assert await triton.ready(["m2"], 5.0) and not await triton.ready(["m3"], 5.0)
+        await driver.close()
+        await triton.close()
+
+    with TritonServer(repository=tmp_path, models=["m3"]) as server:
+        asyncio.run(main(server.grpc_url))
