@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(BIN)/accscale demo
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 clean:

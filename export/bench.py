@@ -23,8 +23,8 @@ import logging
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -89,7 +89,7 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
             for c in pareto:  # touch every subnet once, as serving would
                 _infer(client, SUPERNET_MODEL, images[:1], c.row)
             memory_supernet = _pss_bytes(server.pid)
-            switch = [_timed(lambda: _infer(client, SUPERNET_MODEL, images[:1], pareto[i % len(pareto)].row))
+            switch = [_timed(lambda i=i: _infer(client, SUPERNET_MODEL, images[:1], pareto[i % len(pareto)].row))
                       for i in range(repeats)]  # every call names a different subnet than the one before
         with TritonServer(repository=repo, models=statics) as server, _client(server) as client:
             for name in statics:
@@ -102,7 +102,7 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
                 name = statics[i % len(statics)]
                 client.unload_model(name)
                 _wait_unloaded(client, name)
-                load.append(_timed(lambda: (client.load_model(name), _infer(client, name, images[:1]))))
+                load.append(_timed(lambda name=name: (client.load_model(name), _infer(client, name, images[:1]))))
     switch_ms, load_ms = statistics.median(switch), statistics.median(load)
     return {
         "actuation_ratio": load_ms / switch_ms,
@@ -132,8 +132,8 @@ def _exec_ratios(client, chosen, x: np.ndarray, repeats: int, supernet: str) -> 
         for _ in range(2):  # warm-up
             _infer(client, supernet, x, c.row), _infer(client, static, x)
         for _ in range(repeats):
-            dynamic.append(_timed(lambda: _infer(client, supernet, x, c.row)))
-            fixed.append(_timed(lambda: _infer(client, static, x)))
+            dynamic.append(_timed(lambda c=c, x=x: _infer(client, supernet, x, c.row)))
+            fixed.append(_timed(lambda static=static, x=x: _infer(client, static, x)))
         ratios[c.subnet_id] = statistics.median(dynamic) / statistics.median(fixed)
     log.info("batch %d: supernet/static latency %s", len(x), {k: round(v, 3) for k, v in ratios.items()})
     return ratios

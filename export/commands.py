@@ -6,8 +6,14 @@ import argparse
 import logging
 from pathlib import Path
 
-from export.presets import (DEFAULT_BUILD_DIR, DEFAULT_REPOSITORY, MEASURED_BATCH_SIZES, PRESETS, PROFILE_REPEATS,
-                            get_preset)
+from export.presets import (
+    DEFAULT_BUILD_DIR,
+    DEFAULT_REPOSITORY,
+    MEASURED_BATCH_SIZES,
+    PRESETS,
+    PROFILE_REPEATS,
+    get_preset,
+)
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ DEPTH, WIDTH, SUBNET = "DEPTH", "WIDTH", "SUBNET"
 class _Graph:
     """A node list; branches share the root's initialisers and name counter."""
 
-    def __init__(self, root: "_Graph | None" = None) -> None:
+    def __init__(self, root: _Graph | None = None) -> None:
         self.root = root.root if root else self
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []

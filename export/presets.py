@@ -45,7 +45,7 @@ class SupernetSpec:
         }
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "SupernetSpec":
+    def from_dict(cls, raw: dict) -> SupernetSpec:
         return cls(
             image_size=raw["image_size"],
             num_classes=raw["num_classes"],

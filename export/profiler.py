@@ -29,9 +29,9 @@ import logging
 import random
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ class Calibration:
         path.with_suffix(".tmp").replace(path)
 
     @classmethod
-    def load(cls, path: Path, act: SubNetAct) -> "Calibration":
+    def load(cls, path: Path, act: SubNetAct) -> Calibration:
         with np.load(path) as npz:
             raw = {key: npz[key] for key in npz.files}  # an NpzFile decompresses an array on every access
         n_norms = len(act.norms)

@@ -26,8 +26,8 @@ the supernet, and :class:`SubNetAct` is the single entry point that actuates a s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from export import data
-from export.subnetact import SubNetAct, build
 from export.presets import Preset, SupernetSpec
+from export.subnetact import SubNetAct, build
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ class Run:
     log: RequestLog
 
     @classmethod
-    def load(cls, folder: Path) -> "Run":
+    def load(cls, folder: Path) -> Run:
         meta_path, log_path = folder / "run.json", folder / "requests.csv"
         if not meta_path.exists() or not log_path.exists():
             raise ValueError(f"{folder} is not a run folder (run.json and requests.csv, written by accscale loadtest)")

@@ -57,7 +57,7 @@ class RequestLog:
                                  _num(e.queue_ms, 3), _num(e.service_ms, 3), _num(e.correct, 0)])
 
     @classmethod
-    def load(cls, path: Path | str) -> "RequestLog":
+    def load(cls, path: Path | str) -> RequestLog:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             if tuple(reader.fieldnames or ()) != COLUMNS:

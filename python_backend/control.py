@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 class ControlError(ValueError):
@@ -132,7 +132,7 @@ class ControlLayout:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "ControlLayout":
+    def from_json(cls, text: str) -> ControlLayout:
         raw = json.loads(text)
         return cls(tuple(raw["max_depths"]), tuple(raw["width_choices"]), raw.get("min_depth", 1))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
 import numpy as np
 
 from python_backend.control import ControlError, ControlLayout
@@ -49,7 +50,7 @@ class SubnetTable:
         }, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "SubnetTable":
+    def from_json(cls, text: str) -> SubnetTable:
         raw = json.loads(text)
         layout = ControlLayout.from_json(json.dumps(raw["layout"]))
         return cls(layout, tuple(layout.validate(s["control"]) for s in raw["subnets"]))

@@ -12,8 +12,14 @@ import pytest
 
 from scheduler_sidecar.core.plan import Plan, Planner
 from scheduler_sidecar.core.records import Decision, Load, Unload
-from scheduler_sidecar.errors import DeadlineExceeded, InvalidRequest, SloInfeasible, Unavailable, WorkerFailed
-from scheduler_sidecar.errors import WorkerLost
+from scheduler_sidecar.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    SloInfeasible,
+    Unavailable,
+    WorkerFailed,
+    WorkerLost,
+)
 from scheduler_sidecar.live.driver import LiveDriver, LiveModel, ModelOptions, now_us
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import FakeWorker, InferCall

@@ -9,9 +9,9 @@ import random
 import pulp
 import pytest
 
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.systems.superserve import optimal
 from scheduler_sidecar.systems.superserve.optimal import OptimalResult, brute_force, solve_optimal
-from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 
 
 def make_profile(specs: list[tuple[float, float, float]],
@@ -261,10 +261,10 @@ def grid_profile():
 @pytest.mark.parametrize("seed", range(6))
 def test_slackfit_never_beats_the_optimum(seed):
     """On small random traces SlackFit's objective (accuracy summed over met queries) is at most the ZILP's."""
+    from scheduler_sidecar.core.records import Outcome
     from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.results import OUTCOME_CODES
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.core.records import Outcome
 
     rng = random.Random(seed)
     profile = grid_profile()

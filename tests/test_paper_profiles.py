@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler_sidecar.systems.superserve import paper_profile as pp
 from scheduler_sidecar.cli import build_parser, main
 from scheduler_sidecar.core.profile import Profile, Variant, pareto_front
+from scheduler_sidecar.systems.superserve import paper_profile as pp
 from tests.conftest import REPO_ROOT
 
 COMMITTED = REPO_ROOT / "profiles" / "superserve_paper.json"

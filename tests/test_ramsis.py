@@ -12,7 +12,11 @@ import pytest
 
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.systems.ramsis import LATENCY_CSV, MODELSWITCHING_CSV, TWITTER_CURVE
-from scheduler_sidecar.systems.ramsis.baselines import _feasible_batches, jellyfish_plus_choice, modelswitching_choice
+from scheduler_sidecar.systems.ramsis.baselines import (
+    _feasible_batches,
+    jellyfish_plus_choice,
+    modelswitching_choice,
+)
 from scheduler_sidecar.systems.ramsis.generate import (
     generate_policy,
     generate_set,

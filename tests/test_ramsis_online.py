@@ -11,12 +11,12 @@ from loadtest.traces import poisson
 from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.policies import POLICIES, make_policy
+from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 from scheduler_sidecar.systems.ramsis import LATENCY_CSV
 from scheduler_sidecar.systems.ramsis.generate import generate_set
 from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
 from scheduler_sidecar.systems.ramsis.model_table import from_profile, load_summary_csv, to_profile
 from scheduler_sidecar.systems.ramsis.online import LoadMonitor, LoadTable, WorkerQueues
-from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 
 SLO_MS, K, LOAD_QPS = 150.0, 4, 120.0
 # expectation (§5.1) vs the simulator on a 600 s Poisson trace (72 k queries): accuracy per

@@ -19,16 +19,35 @@ to it makes it busy for the others, so no worker runs two batches at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Protocol
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.queue import EdfQueue
-from scheduler_sidecar.core.records import (Batch, BatchResult, Decision, Load, Outcome, Query, QueryRecord,
-                                            Unload, WorkerState)
-from scheduler_sidecar.errors import (AccscaleError, DeadlineExceeded, PolicyError, RequestError, SloInfeasible,
-                                      Unavailable, UnknownModel, WorkerError, WorkerLost)
+from scheduler_sidecar.core.records import (
+    Batch,
+    BatchResult,
+    Decision,
+    Load,
+    Outcome,
+    Query,
+    QueryRecord,
+    Unload,
+    WorkerState,
+)
+from scheduler_sidecar.errors import (
+    AccscaleError,
+    DeadlineExceeded,
+    PolicyError,
+    RequestError,
+    SloInfeasible,
+    Unavailable,
+    UnknownModel,
+    WorkerError,
+    WorkerLost,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,11 +153,12 @@ class Engine:
         self._end(query, Outcome.CANCELLED)
         return True
 
-    def batch_done(self, batch: Batch, result: BatchResult = BatchResult()) -> None:
+    def batch_done(self, batch: Batch, result: BatchResult | None = None) -> None:
         """A batch finished at ``clock()``; ignored if its worker was lost meanwhile."""
         if not self._release(batch):
             return
         now = self.clock()
+        result = result or BatchResult()
         qt = self.types[batch.queries[0].type]
         records = []
         for q in batch.queries:

@@ -12,8 +12,8 @@ queued), and gives the plan to every policy, which routes by it.
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from scheduler_sidecar.core.records import Query
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import abc
 import enum
-from typing import ClassVar, Generic, Protocol, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from scheduler_sidecar.core.latency import LatencyTable
 from scheduler_sidecar.core.plan import Plan

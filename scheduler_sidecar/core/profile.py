@@ -19,9 +19,10 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # the published and paper-scale profiles shipped with the project (a source checkout or an editable install)
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
@@ -52,7 +53,7 @@ class LatencyCurve:
             raise ValueError(f"batch size {batch_size} exceeds the largest profiled one ({self.batch_sizes[-1]})")
         return self.p50_ms[i]
 
-    def interpolated(self, batch_sizes: Sequence[int]) -> "LatencyCurve":
+    def interpolated(self, batch_sizes: Sequence[int]) -> LatencyCurve:
         """The curve at ``batch_sizes``: linear between the two profiled sizes around each one."""
         lo, hi = self.batch_sizes[0], self.batch_sizes[-1]
         if any(not lo <= b <= hi for b in batch_sizes):
@@ -117,7 +118,7 @@ class Profile:
             picked.append(min(free, key=lambda v: (abs(v.accuracy - target), v.id)))
         return sorted(picked, key=lambda v: v.accuracy)
 
-    def scaled(self, factor: float) -> "Profile":
+    def scaled(self, factor: float) -> Profile:
         """The same profile with every latency multiplied by ``factor`` (the sidecar's latency calibration)."""
         def curve(c: LatencyCurve) -> LatencyCurve:
             return LatencyCurve(c.batch_sizes, tuple(x * factor for x in c.p50_ms), tuple(x * factor for x in c.p99_ms))
@@ -160,7 +161,7 @@ class Profile:
         path.write_text(self.to_json() + "\n")
 
     @classmethod
-    def load(cls, path: Path | str) -> "Profile":
+    def load(cls, path: Path | str) -> Profile:
         path = Path(path)
         try:
             raw = json.loads(path.read_text())
@@ -192,7 +193,7 @@ class _Reader:
             raise ProfileError(f"{self.where}.{key}: expected {getattr(kind, '__name__', kind)}, got {value!r:.60}")
         return value
 
-    def child(self, key: str) -> "_Reader":
+    def child(self, key: str) -> _Reader:
         return _Reader(self.get(key, dict), f"{self.where}.{key}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from scheduler_sidecar.core.records import Query
 from scheduler_sidecar.errors import PolicyError

@@ -8,8 +8,8 @@ Time is integer microseconds everywhere in the core (clients send ``slo_us``). A
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from scheduler_sidecar.errors import PolicyError
 

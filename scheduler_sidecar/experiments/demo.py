@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from loadtest import report
     from loadtest.loadtest_cli import loadtest
     from loadtest.traces import bursty, with_slo
-    from scheduler_sidecar.server.serve import SidecarServer
     from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
 
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

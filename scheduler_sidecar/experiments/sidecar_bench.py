@@ -119,8 +119,8 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
           progress=lambda msg: None) -> dict:
     from export.repository import write_static
     from scheduler_sidecar.experiments.perf_analyzer import ensure
-    from scheduler_sidecar.server.serve import SidecarServer
     from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
 
     binary = ensure()
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,13 +197,13 @@ def run_fidelity(args: argparse.Namespace) -> int:
 
     from loadtest.loadtest_cli import loadtest
     from loadtest.traces import Trace, bursty
-    from scheduler_sidecar.server.config import ModelSpec
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.server.serve import SidecarServer
     from scheduler_sidecar.experiments.simulate import load_queries
-    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
     from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.policies import make_policy
+    from scheduler_sidecar.server.config import ModelSpec
+    from scheduler_sidecar.server.serve import SidecarServer
+    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
     profile = Profile.load(args.profile)

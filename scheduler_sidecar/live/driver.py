@@ -30,8 +30,8 @@ import collections
 import itertools
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -40,8 +40,16 @@ from scheduler_sidecar.core.plan import Demand, Planner
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile, Variant
 from scheduler_sidecar.core.records import Batch, BatchResult, Outcome, Query, QueryRecord, WorkerState
-from scheduler_sidecar.errors import (AccscaleError, InternalError, InvalidRequest, RequestError, Unavailable,
-                                      WorkerError, WorkerFailed, WorkerLost)
+from scheduler_sidecar.errors import (
+    AccscaleError,
+    InternalError,
+    InvalidRequest,
+    RequestError,
+    Unavailable,
+    WorkerError,
+    WorkerFailed,
+    WorkerLost,
+)
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import InferCall, Worker
 

@@ -9,8 +9,9 @@ gone (the batch may be retried elsewhere), :class:`WorkerFailed` when it answere
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
 
 import grpc
 import numpy as np

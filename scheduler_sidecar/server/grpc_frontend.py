@@ -11,11 +11,11 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from scheduler_sidecar.live.driver import LiveModel
 from scheduler_sidecar.errors import InvalidRequest, RequestError
+from scheduler_sidecar.live.driver import LiveModel
+from scheduler_sidecar.live.workers import CHANNEL_OPTIONS
 from scheduler_sidecar.server.protocol import CONTENTS_FIELD, grpc_status, parse_slo_us, to_row_bytes
 from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
-from scheduler_sidecar.live.workers import CHANNEL_OPTIONS
 
 
 class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):

@@ -14,13 +14,14 @@ place; ``GET /v2/admin/workers`` lists workers; ``POST /v2/admin/workers`` ``{"u
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from google.protobuf import json_format
 
-from scheduler_sidecar.live.driver import LiveModel
 from scheduler_sidecar.errors import InvalidRequest, RequestError
+from scheduler_sidecar.live.driver import LiveModel
 from scheduler_sidecar.server.protocol import from_row_bytes, parse_slo_us, to_row_bytes
 from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
 

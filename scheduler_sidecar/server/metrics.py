@@ -8,8 +8,16 @@ SLO attainment is ``met / sum over outcomes`` of ``accscale_requests_total``.
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Summary
-from prometheus_client import disable_created_metrics, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Summary,
+    disable_created_metrics,
+    generate_latest,
+)
 
 disable_created_metrics()  # the *_created series double the output and no dashboard reads them
 

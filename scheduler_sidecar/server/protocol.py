@@ -8,7 +8,7 @@ hot path. Only JSON (HTTP) and typed gRPC ``contents`` go through numpy.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import grpc
 import numpy as np

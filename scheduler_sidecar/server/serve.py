@@ -15,12 +15,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Sequence
 
-from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.live.triton_launcher import free_port, log_tail, wait_http_ready
+from scheduler_sidecar.server import config as sidecar_config
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class SidecarServer:
     def log_tail(self, n_lines: int = 40) -> str:
         return log_tail(self.log_path, n_lines)
 
-    def __enter__(self) -> "SidecarServer":
+    def __enter__(self) -> SidecarServer:
         self.start()
         return self
 

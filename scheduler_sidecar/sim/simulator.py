@@ -14,8 +14,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 

@@ -33,15 +33,14 @@ parts (load monitor, worker queues) are in ``online.py``.
 from __future__ import annotations
 
 import abc
-
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from scheduler_sidecar.core.queue import QueueView
-from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, WorkerState
 from scheduler_sidecar.core.policy import LateQueries, Policy
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.core.queue import QueueView
+from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, WorkerState
 from scheduler_sidecar.systems.ramsis.baselines import (
     PROFILE_SECONDS,
     StaticChoice,

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler_sidecar.systems.ramsis import LATENCY_CSV, MODELSWITCHING_CSV, TWITTER_CURVE
 from scheduler_sidecar.sim.results import write_rows
+from scheduler_sidecar.systems.ramsis import LATENCY_CSV, MODELSWITCHING_CSV, TWITTER_CURVE
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +140,8 @@ def twitter_trace(bin_s: float, seed: int):
 
 def simulate(method: str, k: int, policy_dir: Path, bin_s: float, seed: int, ms_profile_s: float) -> dict:
     from scheduler_sidecar.policies import make_policy
-    from scheduler_sidecar.systems.ramsis.model_table import to_profile
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems.ramsis.model_table import to_profile
 
     profile = to_profile(_table())
     options: dict[str, object] = {"slo_ms": SLO_MS, "workers": k, "late_queries": "serve"}  # no method drops (§7)

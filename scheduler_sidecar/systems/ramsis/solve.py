@@ -63,7 +63,7 @@ def value_iteration(mdp: Mdp, tolerance: float = TOLERANCE, max_sweeps: int = MA
     v = np.zeros(mdp.num_states)
     best = np.full(mdp.num_states, -1)
     stable, converged, sweep = 0, False, 0
-    for sweep in range(1, max_sweeps + 1):
+    for sweep in range(1, max_sweeps + 1):  # noqa: B007 (the last sweep is returned)
         q = TAU * (r + P @ v) + (1.0 - TAU) * v[rs]
         new_v = np.maximum.reduceat(q, starts)
         rows = _argmax_rows(q, new_v, rs, starts)

@@ -119,13 +119,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from scheduler_sidecar.core.profile import PROFILES_DIR, Actuation, LatencyCurve, Profile, ProfileError, Variant
+from scheduler_sidecar.core.profile import (
+    PROFILES_DIR,
+    Actuation,
+    LatencyCurve,
+    Profile,
+    ProfileError,
+    Variant,
+)
 
 log = logging.getLogger(__name__)
 
@@ -252,11 +259,11 @@ class Subnets:
     def __len__(self) -> int:
         return len(self.resolution)
 
-    def take(self, index: np.ndarray) -> "Subnets":
+    def take(self, index: np.ndarray) -> Subnets:
         return Subnets(self.kernel[index], self.expand[index], self.depth[index], self.resolution[index])
 
     @staticmethod
-    def concat(parts: list["Subnets"]) -> "Subnets":
+    def concat(parts: list[Subnets]) -> Subnets:
         return Subnets(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("kernel", "expand", "depth",
                                                                                     "resolution")))
 
@@ -295,7 +302,7 @@ class Subnets:
 
     @classmethod
     def from_configs(cls, kernel: list[list[int]], expand: list[list[int]], depth: list[list[int]],
-                     resolution_px: list[int]) -> "Subnets":
+                     resolution_px: list[int]) -> Subnets:
         """From OFA-style values (e.g. ``kernel=[[7] * 20]``), not indices."""
         def index(values: object, space: tuple[int, ...]) -> np.ndarray:
             return np.searchsorted(np.asarray(space), np.asarray(values))
@@ -310,7 +317,7 @@ class AccuracyPredictor:
         self.layers = layers  # (weight [out, in], bias [out]) per Linear layer; ReLU between them
 
     @classmethod
-    def from_npz(cls, path: Path = DEFAULT_PREDICTOR_PATH) -> "AccuracyPredictor":
+    def from_npz(cls, path: Path = DEFAULT_PREDICTOR_PATH) -> AccuracyPredictor:
         try:
             with np.load(path) as data:
                 layers = [(data[f"w{i}"].astype(np.float64), data[f"b{i}"].astype(np.float64)) for i in range(4)]
@@ -433,7 +440,7 @@ class LatencyModel:
     @classmethod
     def calibrate(cls, macs_min: float, macs_max: float, *, smallest_capacity_qps: float = SMALLEST_CAPACITY_QPS,
                   largest_capacity_qps: float = LARGEST_CAPACITY_QPS, num_workers: int = NUM_WORKERS,
-                  slo_ms: float = SLO_MS) -> "LatencyModel":
+                  slo_ms: float = SLO_MS) -> LatencyModel:
         """Fit both extremes to their capacities (module note, item 8).
 
         Both start from FIXED_OVERHEAD_MS. If the costliest subnet's batch-1 latency then falls below

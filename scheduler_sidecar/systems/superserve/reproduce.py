@@ -23,6 +23,7 @@ serving accuracy, one marker per policy), plus the dynamics of the fault-toleran
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -140,8 +141,8 @@ def plan(figure: str, profile, duration_s: float, seed: int) -> list[Run]:
 
 def simulate(run_: Run, profile_path: Path) -> dict:
     from loadtest import traces
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 
     profile = Profile.load(profile_path)
