@@ -1,13 +1,17 @@
 """``accscale bench simulator`` and ``accscale bench slackfit``: the scheduling core's speed.
 
-- simulator: queries simulated per wall-clock second on a long bursty trace (SlackFit, the
-  paper-scale profile, 8 workers, SLO 36 ms); the requirement is 1,000,000 per minute.
+- simulator: queries simulated per wall-clock second on a bursty trace of exactly --queries
+  queries (default 1,000,000; SlackFit, the paper-scale profile, 8 workers, SLO 36 ms); the
+  requirement is 1,000,000 per minute.
 - slackfit: time of one ``decide()`` with a synthetic profile of many Pareto subnets and
   batch sizes 1..16, on a queue of queued queries (paper: well under 1 ms); median and p99.
 - optimal-gap: each policy's objective (profiled accuracy summed over queries that meet
-  their SLO, Eq. 1) over the ZILP optimum, on small random bursty traces. The profile is
-  the paper-scale one cut to a few subnets and batch sizes, with latencies rounded up to
-  the ILP's time grid so that simulated schedules and the ILP live on the same grid.
+  their SLO, Eq. 1) over the ZILP optimum, on small random traces. The instances take turns
+  in shape (one burst, a gamma renewal process of CV² 1 or 4, two bursts) and draw their
+  rate and SLO from their own seeds. The profile is the paper-scale one cut to a few subnets
+  and batch sizes, with latencies rounded up to the ILP's time grid so that simulated
+  schedules and the ILP live on the same grid. Only instances the solver proves optimal enter
+  the ratios; the others (time limit hit, no solution) are listed and counted, never averaged.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from scheduler_sidecar.systems.superserve.reproduce import PAPER_PROFILE
 def register_bench(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("simulator", help="simulated queries per wall-clock second on a 1M-query trace",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--queries", type=int, default=1_000_000, help="trace length (default: 1,000,000)")
+    p.add_argument("--queries", type=int, default=1_000_000,
+                   help="queries in the trace, exactly (default: 1,000,000)")
     p.add_argument("--profile", type=Path, default=PAPER_PROFILE, help="profile (default: the paper-scale one)")
     p.add_argument("--workers", type=int, default=8, help="workers (default: 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -41,6 +46,10 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     g.add_argument("--traces", type=int, default=8, help="random traces (default: 8)")
     g.add_argument("--queries", type=int, default=24, help="queries per trace (default: 24)")
     g.add_argument("--workers", type=int, default=2, help="workers (default: 2)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the instances (default: 0)")
+    g.add_argument("--time-limit-s", type=float, default=20.0,
+                   help="solver time limit per instance; an instance that hits it is reported, not averaged "
+                        "(default: 20)")
     g.add_argument("--profile", type=Path, default=PAPER_PROFILE, help="profile to cut down (default: the paper's)")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=run_optimal_gap)
@@ -48,18 +57,25 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 
 def run_simulator(args: argparse.Namespace) -> int:
     from loadtest.traces import bursty
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 
+    if args.queries < 1:
+        raise ValueError(f"--queries must be >= 1, got {args.queries}")
     profile = Profile.load(args.profile)
     base_qps, variant_qps = 1500.0, 5550.0
-    trace = bursty(base_qps, variant_qps, cv2=8, duration_s=args.queries / (base_qps + variant_qps), seed=0)
+    # a trace of the mean length holds fewer queries about half the time: lengthen it until it holds them all
+    duration_s = 1.01 * args.queries / (base_qps + variant_qps)
+    while len(trace := bursty(base_qps, variant_qps, cv2=8, duration_s=duration_s, seed=0)) < args.queries:
+        duration_s *= 1.01
     arrival_us = np.round(trace.arrival_s[: args.queries] * 1e6).astype(np.int64)
     result = Simulator(make_policy("slackfit", profile), SimConfig(workers=args.workers)).run(
         arrival_us, arrival_us + 36_000)
     s = result.summary()
-    out = {"queries": s["queries"], "wall_seconds": s["wall_seconds"],
+    if s["queries"] != args.queries:
+        raise RuntimeError(f"simulated {s['queries']} queries, not the {args.queries} asked for")
+    out = {"queries": s["queries"], "trace_seconds": float(arrival_us[-1] / 1e6), "wall_seconds": s["wall_seconds"],
            "queries_per_wall_second": s["queries_per_wall_second"],
            "queries_per_wall_minute": 60 * s["queries_per_wall_second"],
            "slo_attainment": s["slo_attainment"], "decisions": s["decisions"]}
@@ -126,33 +142,88 @@ def gridded(profile, num_variants: int = 4, batch_sizes: tuple[int, ...] = (1, 2
     return replace(profile, name=f"{profile.name}-grid", variants=tuple(variants))
 
 
-def run_optimal_gap(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.core.records import Outcome
-    from scheduler_sidecar.systems.superserve.optimal import solve_optimal
-    from scheduler_sidecar.policies import make_policy
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.sim.simulator import OUTCOME_CODES, SimConfig, Simulator
+GAP_SHAPES = ("burst", "gamma", "two_bursts")
+GAP_SLOS_MS = (16, 20, 24, 30, 36)
+GAP_RATE_PER_WORKER_QPMS = (1.0, 8.0)  # offered load per worker, queries per ms, drawn log-uniformly
 
+
+def gap_instance(seed: int, index: int, queries: int, workers: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Instance ``index``: arrivals and deadlines (us, on the 1 ms grid) and what was drawn for them.
+
+    The shape cycles with ``index``; rate, SLO and arrivals come from the instance's own seed. "burst"
+    spreads the queries uniformly over queries / rate ms; "gamma" is a renewal process of that rate with
+    CV² 1 or 4; "two_bursts" is two such bursts of half the queries each, the second 0.5 to 2 SLOs after
+    the first.
+    """
+    rng = np.random.default_rng([seed, index])
+    shape = GAP_SHAPES[index % len(GAP_SHAPES)]
+    slo_ms = int(rng.choice(GAP_SLOS_MS))
+    lo, hi = GAP_RATE_PER_WORKER_QPMS
+    rate_qpms = float(np.exp(rng.uniform(np.log(lo), np.log(hi)))) * workers
+    info: dict[str, object] = {"shape": shape, "slo_ms": slo_ms, "rate_qps": round(1000 * rate_qpms, 1)}
+    if shape == "burst":
+        t_ms = rng.uniform(0, queries / rate_qpms, queries)
+    elif shape == "gamma":
+        cv2 = float(rng.choice([1.0, 4.0]))
+        t_ms = np.cumsum(rng.gamma(1 / cv2, cv2 / rate_qpms, queries))
+        t_ms -= t_ms[0]
+        info["cv2"] = cv2
+    else:
+        first = queries // 2
+        gap_ms = float(rng.uniform(0.5, 2.0)) * slo_ms
+        t_ms = np.concatenate([rng.uniform(0, first / rate_qpms, first),
+                               gap_ms + rng.uniform(0, (queries - first) / rate_qpms, queries - first)])
+        info["gap_ms"] = round(gap_ms, 1)
+    arrival = np.sort(np.floor(t_ms).astype(np.int64)) * 1000
+    return arrival, arrival + slo_ms * 1000, info
+
+
+def run_optimal_gap(args: argparse.Namespace) -> int:
+    from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.core.records import Outcome
+    from scheduler_sidecar.policies import make_policy
+    from scheduler_sidecar.sim.simulator import OUTCOME_CODES, SimConfig, Simulator
+    from scheduler_sidecar.systems.superserve.optimal import solve_optimal
+
+    if args.traces < 1 or args.queries < 1:
+        raise ValueError("--traces and --queries must be >= 1")
     profile = gridded(Profile.load(args.profile))
-    rng = np.random.default_rng(0)
     ratios: dict[str, list[float]] = {p: [] for p in GAP_POLICIES}
-    for _ in range(args.traces):
-        # a burst: arrivals on the 1 ms grid, packed into a window the workers cannot drain at full accuracy
-        window_ms = max(2, args.queries // (2 * args.workers))
-        arrival = np.sort(rng.integers(0, window_ms, args.queries)) * 1000
-        deadline = arrival + 36_000
-        optimum = solve_optimal(arrival.tolist(), deadline.tolist(), profile, workers=args.workers,
-                                time_step_us=GAP_STEP_MS * 1000).objective
+    instances, optima = [], []
+    for i in range(args.traces):
+        arrival, deadline, info = gap_instance(args.seed, i, args.queries, args.workers)
+        result = solve_optimal(arrival.tolist(), deadline.tolist(), profile, workers=args.workers,
+                               time_step_us=GAP_STEP_MS * 1000, time_limit_s=args.time_limit_s)
+        # objective: the best schedule found (the optimum only when status is "optimal"; None: none found)
+        instances.append({**info, "status": result.status,
+                          "objective": None if result.status == "no_solution" else result.objective,
+                          "best_bound": result.best_bound})
+        if result.status != "optimal":
+            # a time-limited objective is only a lower bound on the optimum, and no solution is none at all:
+            # either would make the ratios meaningless, so the instance is reported and left out
+            continue
+        optima.append(result.objective)
         for name in GAP_POLICIES:
             sim = Simulator(make_policy(name, profile), SimConfig(workers=args.workers)).run(arrival, deadline)
             met = sim.outcome == OUTCOME_CODES[Outcome.MET]
-            ratios[name].append(float(sim.accuracy[met].sum()) / optimum if optimum else 1.0)
-    out = {"traces": args.traces, "queries": args.queries, "workers": args.workers,
-           "objective_over_optimum": {p: {"mean": float(np.mean(r)), "min": float(np.min(r))}
+            objective = float(sim.accuracy[met].sum())
+            ratios[name].append(objective / result.objective if result.objective else 1.0)
+    not_optimal = [dict(instance=i, **x) for i, x in enumerate(instances) if x["status"] != "optimal"]
+    out = {"traces": args.traces, "queries": args.queries, "workers": args.workers, "seed": args.seed,
+           "optimal_instances": len(optima), "not_optimal": not_optimal, "instances": instances,
+           "objective_over_optimum": {p: {"mean": float(np.mean(r)), "min": float(np.min(r))} if r else None
                                       for p, r in ratios.items()}}
     if args.json:
         print(json.dumps(out))
-    else:
-        for p, r in out["objective_over_optimum"].items():
-            print(f"{p:>10}: objective / ZILP optimum = {r['mean']:.3f} mean, {r['min']:.3f} worst")
+        return 0
+    for i, x in enumerate(instances):
+        drawn = ", ".join(f"{k}={x[k]}" for k in ("shape", "slo_ms", "rate_qps", "cv2", "gap_ms") if k in x)
+        found = (f"optimum {x['objective']:.3f}" if x["status"] == "optimal" else
+                 f"{x['status']} (best found {x['objective']}, bound {x['best_bound']}): left out")
+        print(f"instance {i}: {drawn}: {found}")
+    print(f"{len(optima)} of {args.traces} instances solved to proven optimality"
+          + (f"; {len(not_optimal)} left out of the ratios (status not optimal)" if not_optimal else ""))
+    for p, r in out["objective_over_optimum"].items():
+        print(f"{p:>10}: objective / ZILP optimum = " + (f"{r['mean']:.3f} mean, {r['min']:.3f} worst" if r
+                                                          else "n/a (no instance solved to optimality)"))
     return 0

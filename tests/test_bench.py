@@ -1,0 +1,64 @@
+"""`accscale bench simulator` and `accscale bench optimal-gap`, cut down to a few seconds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+
+from scheduler_sidecar.cli import main
+from scheduler_sidecar.experiments import bench
+from scheduler_sidecar.systems.superserve import optimal
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_simulator_bench_simulates_exactly_the_queries_asked_for(capsys):
+    # a bursty trace of the mean length holds 4911 of these 5000 queries
+    out = run_json(capsys, "bench", "simulator", "--queries", "5000", "--json")
+    assert out["queries"] == 5000 and 0 < out["trace_seconds"] < 1
+
+
+def test_optimal_gap_instances_differ_in_shape_rate_and_slo():
+    drawn = [bench.gap_instance(0, i, 24, 2) for i in range(6)]
+    assert {info["shape"] for _, _, info in drawn} == set(bench.GAP_SHAPES)
+    assert len({info["slo_ms"] for _, _, info in drawn}) > 1 and len({info["rate_qps"] for _, _, info in drawn}) == 6
+    for arrival, deadline, info in drawn:
+        assert len(arrival) == 24 and np.all(np.diff(arrival) >= 0) and np.all(arrival % 1000 == 0)
+        assert np.all(deadline - arrival == info["slo_ms"] * 1000)
+    assert bench.gap_instance(1, 0, 24, 2)[2] != drawn[0][2]  # the seed changes the instances
+
+
+def test_optimal_gap_leaves_solves_that_are_not_optimal_out_of_the_ratios(monkeypatch, capsys):
+    """A time-limited solve's objective is no optimum: listed and counted, never averaged."""
+    solve = optimal.solve_optimal
+    calls = []
+
+    def second_one_time_limited(*args, **kwargs):
+        result = solve(*args, **kwargs)
+        calls.append(result)
+        # as HiGHS reports a time limit hit: a worse incumbent, optimality not proven
+        return replace(result, status="feasible", objective=result.objective / 2) if len(calls) == 2 else result
+
+    monkeypatch.setattr(optimal, "solve_optimal", second_one_time_limited)
+    out = run_json(capsys, "bench", "optimal-gap", "--traces", "3", "--queries", "6", "--workers", "1", "--json")
+    assert len(calls) == 3 and all(r.status == "optimal" for r in calls)
+    assert out["optimal_instances"] == 2
+    assert [x["instance"] for x in out["not_optimal"]] == [1] and out["not_optimal"][0]["status"] == "feasible"
+    assert [x["status"] for x in out["instances"]] == ["optimal", "feasible", "optimal"]
+    for policy, ratio in out["objective_over_optimum"].items():
+        assert 0 < ratio["min"] <= ratio["mean"] <= 1 + 1e-9, policy  # nothing beats a proven optimum
+
+
+def test_optimal_gap_with_no_optimal_solve_reports_no_ratio(monkeypatch, capsys):
+    solve = optimal.solve_optimal
+    monkeypatch.setattr(optimal, "solve_optimal",
+                        lambda *a, **k: replace(solve(*a, **k), status="no_solution", objective=0.0, batches=()))
+    out = run_json(capsys, "bench", "optimal-gap", "--traces", "2", "--queries", "4", "--workers", "1", "--json")
+    assert out["optimal_instances"] == 0 and len(out["not_optimal"]) == 2
+    assert all(x["objective"] is None for x in out["instances"])
+    assert set(out["objective_over_optimum"].values()) == {None}
