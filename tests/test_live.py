@@ -260,10 +260,7 @@ def test_a_slow_planner_does_not_delay_requests():
         answers = await asyncio.gather(*(model.infer(row(i, 0), 1_000_000) for i in range(5)))
         assert len(answers) == 5 and planner.plans == 0 and driver.engine.plan is None
         planner.release.set()
-        for _ in range(100):
-            if driver.engine.plan is not None:
-                break
-            await asyncio.sleep(0.01)
+        await driver.settle()
         assert planner.plans == 1 and driver.engine.plan is not None
         await driver.close()
 

@@ -387,6 +387,11 @@ class LiveDriver:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def settle(self) -> None:
+        """Wait until every batch, load and plan started so far has been handed back to the engine."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     @property
     def num_pending(self) -> int:
         return len(self._pending)
