@@ -98,7 +98,8 @@ def synthetic_pareto_profile(num_subnets: int, batch_sizes: tuple[int, ...] = tu
 
 
 def run_slackfit(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.core.records import EdfQueue, Query, WorkerState
+    from scheduler_sidecar.core.queue import EdfQueue
+    from scheduler_sidecar.core.records import Query, WorkerState
     from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 
     profile = synthetic_pareto_profile(args.subnets)
@@ -182,7 +183,8 @@ def run_optimal_gap(args: argparse.Namespace) -> int:
     from scheduler_sidecar.core.profile import Profile
     from scheduler_sidecar.core.records import Outcome
     from scheduler_sidecar.policies import make_policy
-    from scheduler_sidecar.sim.simulator import OUTCOME_CODES, SimConfig, Simulator
+    from scheduler_sidecar.sim.results import OUTCOME_CODES
+    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
     from scheduler_sidecar.systems.superserve.optimal import solve_optimal
 
     if args.traces < 1 or args.queries < 1:
