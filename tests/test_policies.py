@@ -4,7 +4,6 @@ import random
 
 import pytest
 
-from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import PolicyError, Query
 from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.systems.superserve.baselines import ClipperPlus, Infaas
@@ -122,7 +121,10 @@ def test_edf_queue_orders_by_deadline_then_arrival():
     assert len(queue) == 47
     with pytest.raises(PolicyError):
         queue.remove([999])
-    assert isinstance(EdfQueue(), EdfQueue)
+    assert [q.id for q in queue.scan()] == order[3:]  # a refused remove leaves the queue as it was
+    middle = order[10:12]  # not at the head: the queries around them keep their order
+    assert [q.id for q in queue.remove(middle)] == middle
+    assert [q.id for q in queue.scan()] == order[3:10] + order[12:] and len(queue) == 45
 
 
 def test_slackfit_serves_below_bucket_zero_what_the_quickest_option_can_still_serve():

@@ -196,16 +196,23 @@ def test_http_errors(sidecar, images, case):
 def test_metrics_count_every_request(sidecar, images):
     before = metrics(sidecar)
     with grpcclient.InferenceServerClient(sidecar.grpc_url) as client:
-        for x in images[:5]:
-            client.infer("digits", [grpc_input(x[None])], parameters=SLO)
+        accuracies = [grpc_params(client.infer("digits", [grpc_input(x[None])], parameters=SLO))["accuracy"]
+                      for x in images[:5]]
     after = metrics(sidecar)
-    answered = sum(metric(after, "accscale_requests_total", outcome=o) - metric(before, "accscale_requests_total", outcome=o)
-                   for o in ("met", "late"))
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    answered = sum(delta("accscale_requests_total", model="digits", outcome=o) for o in ("met", "late"))
     assert answered == 5
     assert metric(after, "accscale_queue_depth", model="digits") == 0
     assert metric(after, "accscale_worker_healthy") == 1
     assert metric(after, "accscale_policy", model="digits", policy="slackfit") == 1
-    assert metric(after, "accscale_served_accuracy_count", model="digits") >= metric(before, "accscale_served_accuracy_count")
+    # the served-accuracy summary observes each request answered within its SLO once, at its variant's accuracy
+    met = delta("accscale_requests_total", model="digits", outcome="met")
+    assert delta("accscale_served_accuracy_count", model="digits") == met >= 1
+    accuracy_sum = delta("accscale_served_accuracy_sum", model="digits")
+    assert min(accuracies) * met - 1e-9 <= accuracy_sum <= max(accuracies) * met + 1e-9
 
 
 def test_policy_switch_is_guarded_and_takes_effect(sidecar, images):
