@@ -107,7 +107,7 @@ def run_slackfit(args: argparse.Namespace) -> int:
     policy = SlackFit(profile)
     offline_ms = (time.perf_counter() - started) * 1e3
     rng = np.random.default_rng(0)
-    workers = [WorkerState(0)]
+    workers = [WorkerState(0, device=policy.device)]  # the synthetic profile's device kind
     samples = np.empty(args.decisions)
     for i in range(args.decisions):
         queue = EdfQueue()  # a fresh queue of 64 queries with a random head slack each time
