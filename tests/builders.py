@@ -85,3 +85,24 @@ POLICY_OPTIONS: dict[str, dict] = {
     "jellyfish": {"slo_ms": 36.0, "workers": 1},
     "modelswitching": {"slo_ms": 36.0, "workers": 1, "loads": [100.0], "profile_s": 2.0},
 }
+
+
+def make_mover():
+    """A policy that first moves worker 0 from model m3 to m2 (unload, load), then serves variant v2 (on m2)."""
+    from scheduler_sidecar.core.records import Decision, Load, Unload
+    from scheduler_sidecar.systems.superserve.baselines import ClipperPlus
+
+    class MoveToM2(ClipperPlus):
+        name = "move-to-m2"
+
+        def __init__(self, profile, **options) -> None:
+            super().__init__(profile, variant_id="v2", **options)
+            self.moved = False
+
+        def decide(self, now_us, queue, workers):
+            if not self.moved and workers and workers[0].is_free:
+                self.moved = True
+                return Decision(unloads=(Unload(workers[0].id, "m3"),), loads=(Load(workers[0].id, "m2"),))
+            return super().decide(now_us, queue, workers)
+
+    return MoveToM2(make_profile())

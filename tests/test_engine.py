@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
-from scheduler_sidecar.core.records import Decision, Load, Unload
+from scheduler_sidecar.core.records import Decision
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
-from scheduler_sidecar.systems.superserve.baselines import ClipperPlus
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
-from tests.builders import make_profile
+from tests.builders import make_mover, make_profile
 
 
 def test_two_query_types_share_workers_without_double_booking():
@@ -24,26 +23,10 @@ def test_two_query_types_share_workers_without_double_booking():
     assert ends == sorted(set(ends))  # one batch start per instant on the single worker
 
 
-class MoveToV2(ClipperPlus):
-    """At its first decision, moves worker 0 from model m3 to m2 (unload, load), then serves v2."""
-
-    name = "move"
-
-    def __init__(self, profile, **options) -> None:
-        super().__init__(profile, variant_id="v2", **options)
-        self.moved = False
-
-    def decide(self, now_us, queue, workers):
-        if not self.moved:
-            self.moved = True
-            return Decision(unloads=(Unload(0, "m3"),), loads=(Load(0, "m2"),))
-        return super().decide(now_us, queue, workers)
-
-
 def test_a_loading_worker_serves_nothing_until_the_load_completes():
     """Simulated load time 50 ms: no batch starts before it; every query is served after it."""
     world = World((SimWorker(resident=frozenset({"m3"})),), load_ms=50.0)
-    result = Simulator(MoveToV2(make_profile()), world).run([0, 1_000, 2_000], [10**7] * 3)
+    result = Simulator(make_mover(), world).run([0, 1_000, 2_000], [10**7] * 3)
     assert min(b.start_us for b in result.batches) >= 50_000
     assert result.summary()["met"] == 3 and set(result.variant) == {"v2"}
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from scheduler_sidecar.core.plan import Plan, Planner
-from scheduler_sidecar.core.records import Decision, Load, Unload
 from scheduler_sidecar.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -27,9 +26,8 @@ from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
-from scheduler_sidecar.systems.superserve.baselines import ClipperPlus
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
-from tests.builders import POLICY_OPTIONS, make_profile
+from tests.builders import POLICY_OPTIONS, make_mover, make_profile
 
 INPUT = TensorSpec("INPUT", "FP32", (2,))
 OUTPUT = TensorSpec("LOGITS", "FP32", (3,))
@@ -200,27 +198,11 @@ def test_two_logical_models_share_worker_slots_without_double_booking():
     asyncio.run(main())
 
 
-class LoadOnce(ClipperPlus):
-    """Moves the worker from model m3 to m2 first (unload, load), then serves variant v2 (on m2)."""
-
-    name = "load-once"
-
-    def __init__(self, profile, **options) -> None:
-        super().__init__(profile, variant_id="v2", **options)
-        self.done = False
-
-    def decide(self, now_us, queue, workers):
-        if not self.done and workers and workers[0].is_free:
-            self.done = True
-            return Decision(unloads=(Unload(workers[0].id, "m3"),), loads=(Load(workers[0].id, "m2"),))
-        return super().decide(now_us, queue, workers)
-
-
 def test_a_worker_serves_nothing_while_a_policy_loads_a_model():
     """The load goes to the worker; requests wait until it completes, then all are served; none is lost."""
     async def main():
         w = worker()
-        driver, (model,) = make_driver(policies={"m": LoadOnce(make_profile())})
+        driver, (model,) = make_driver(policies={"m": make_mover()})
         driver.add_worker(w, 1, resident=frozenset({"m3"}))
         calls = [asyncio.ensure_future(model.infer(row(i, 0), 1_000_000)) for i in range(3)]
         await settle()
@@ -356,7 +338,7 @@ def test_a_policy_loads_a_model_on_a_real_triton_and_no_request_is_lost(tmp_path
     async def main(url: str):
         triton = TritonWorker(url)
         assert await triton.ready(["m3"], 5.0) and not await triton.ready(["m2"], 5.0)
-        driver, (model,) = make_driver(policies={"m": LoadOnce(make_profile())}, clock=now_us)
+        driver, (model,) = make_driver(policies={"m": make_mover()}, clock=now_us)
         driver.add_worker(triton, 1, resident=frozenset({"m3"}))
         calls = [asyncio.ensure_future(model.infer(row(i, 1), 60_000_000)) for i in range(4)]
         await settle()

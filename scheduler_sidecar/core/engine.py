@@ -83,8 +83,6 @@ class QueryType:
     policy: Policy
     queue_limit: int | None = None  # queued queries beyond this are refused; None: no limit
     max_attempts: int = 3  # dispatches per query when workers are lost
-    # refuse a query whose SLO is below the quickest option on any worker (it cannot be met)
-    check_slo: bool = True
 
     def __post_init__(self) -> None:
         self.queue = EdfQueue()
@@ -118,8 +116,6 @@ class Engine:
         self._demand_since_us = clock()
         self._next_plan_us: int | None = None
         self._planning = False
-        self._tokens = 0
-        self._stepping = False
         # query type -> (indices of its workers, None when all of them; how many of them are healthy)
         self._views: dict[str, tuple[list[int] | None, int]] = {}
         self._quickest: dict[str, tuple[int, int]] = {}  # query type -> (latency version, quickest us)
@@ -273,27 +269,21 @@ class Engine:
     # ------------------------------------------------------------------ the loop
     def step(self) -> None:
         """Let every policy decide until none has anything left to do; carry out each decision."""
-        if self._stepping:  # an executor that reported at once (an inline plan): the running loop sees it
-            return
-        self._stepping = True
-        try:
-            now = self.clock()
-            self._move_to_target(now)
-            progress = True
-            while progress:
-                progress = False
-                for qt in self._by_head_deadline():
-                    decision = qt.policy.decide(now, qt.queue.view(), self._workers_for(qt))
-                    self.num_decisions += 1
-                    if self.on_decide is not None:
-                        self.on_decide(qt.name, qt.policy.name)
-                    if decision.wakeup_us is not None and decision.wakeup_us > now:
-                        self._wake(decision.wakeup_us)
-                    if not decision.is_empty:
-                        self._apply(qt, decision, now)
-                        progress = True
-        finally:
-            self._stepping = False
+        now = self.clock()
+        self._move_to_target(now)
+        progress = True
+        while progress:
+            progress = False
+            for qt in self._by_head_deadline():
+                decision = qt.policy.decide(now, qt.queue.view(), self._workers_for(qt))
+                self.num_decisions += 1
+                if self.on_decide is not None:
+                    self.on_decide(qt.name, qt.policy.name)
+                if decision.wakeup_us is not None and decision.wakeup_us > now:
+                    self._wake(decision.wakeup_us)
+                if not decision.is_empty:
+                    self._apply(qt, decision, now)
+                    progress = True
 
     def _by_head_deadline(self) -> list[QueryType]:
         if len(self.types) == 1:
@@ -315,8 +305,7 @@ class Engine:
                 raise PolicyError(f"{qt.policy.name}: variant {d.variant_id!r} is not resident on worker {worker.id}")
             queries = tuple(qt.queue.remove(d.query_ids))
             expected = qt.policy.latency.us(d.variant_id, len(queries), worker.device)
-            self._tokens += 1
-            batch = Batch(d, queries, now, expected, worker.device, self._tokens)
+            batch = Batch(d, queries, now, expected, worker.device)
             self.workers[i] = replace(worker, busy_until_us=now + expected)
             self._running[worker.id] = batch
             for q in queries:
@@ -374,7 +363,7 @@ class Engine:
             return Unavailable("no healthy worker")
         if qt.queue_limit is not None and len(qt.queue) >= qt.queue_limit:
             return Unavailable(f"queue full ({qt.queue_limit} requests queued)")
-        if qt.check_slo and query.stage == 0:
+        if query.stage == 0:  # a client's SLO below the quickest option on any worker cannot be met
             quickest = self.quickest_us(qt.name)
             if query.deadline_us - query.arrival_us < quickest:
                 return SloInfeasible(f"slo_us {query.deadline_us - query.arrival_us} is below the fastest variant's "

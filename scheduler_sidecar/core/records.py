@@ -123,7 +123,6 @@ class Batch:
     start_us: int
     expected_latency_us: int  # what the policy's latency table says it takes on this worker
     device: str
-    token: int  # tells this run of the worker apart from a later one (a result after a failure is stale)
 
     @property
     def worker_id(self) -> int:

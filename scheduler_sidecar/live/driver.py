@@ -120,10 +120,6 @@ class LiveModel:
         self.driver: LiveDriver | None = None
 
     @property
-    def triton_models(self) -> set[str]:
-        return {v.actuation.model for v in self.profile.variants}
-
-    @property
     def policy(self) -> Policy:
         assert self.driver is not None
         return self.driver.engine.types[self.name].policy
@@ -250,7 +246,7 @@ class LiveDriver:
             return
         stats = pending.model.stats
         outcome = record.outcome
-        label = "error" if isinstance(error, WorkerFailed) or isinstance(error, InternalError) else outcome.value
+        label = "error" if isinstance(error, (WorkerFailed, InternalError)) else outcome.value
         stats.request(record.variant_id or "", label)
         if pending.future.done():
             return

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
-import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
@@ -177,7 +176,7 @@ class FakeWorker:
     """
 
     url: str
-    compute: Callable[[InferCall], list[dict[str, bytes]]] | None = None
+    compute: Callable[[InferCall], list[dict[str, bytes]]]  # a batch's output rows, one per query
     description: ModelDescription | None = None
     gate: asyncio.Event | None = None
     fail_with: WorkerError | None = None
@@ -196,7 +195,7 @@ class FakeWorker:
                 await self.gate.wait()
             if self.fail_with is not None:
                 raise self.fail_with
-            return self.compute(call) if self.compute is not None else echo(call)
+            return self.compute(call)
         finally:
             self.running -= 1
 
@@ -219,11 +218,3 @@ class FakeWorker:
     async def close(self) -> None:
         pass
 
-
-def echo(call: InferCall) -> list[dict[str, bytes]]:
-    """Each output row is the first input row's first values, repeated or cut to the output's size."""
-    out = []
-    for row in call.inputs[0][1]:
-        values = np.frombuffer(row, np.uint8)
-        out.append({t.name: np.resize(values, t.row_bytes).tobytes() for t in call.outputs})
-    return out

@@ -46,8 +46,6 @@ class World:
     @classmethod
     def uniform(cls, workers: int, device: str = "cpu", **options) -> World:
         """``workers`` identical workers of one device kind holding every model."""
-        if workers < 1:
-            raise ValueError("a simulation needs at least one worker")
         return cls(tuple(SimWorker(device) for _ in range(workers)), **options)
 
     def worker_states(self) -> list[WorkerState]:
