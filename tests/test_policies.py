@@ -137,3 +137,12 @@ def test_slackfit_serves_below_bucket_zero_what_the_quickest_option_can_still_se
     d = policy.decide(0, make_queue(make_queries(n=4, slo_us=slack)).view(), make_workers(1))
     assert not d.dropped and d.dispatches
     assert policy.latency.us(d.dispatches[0].variant_id, len(d.dispatches[0].query_ids), "cpu") <= slack
+
+
+def test_a_refused_remove_removes_nothing():
+    """A list mixing queued and unknown (or repeated) ids raises and leaves every query queued."""
+    queue = make_queue(make_queries(4))
+    for ids in ([0, 99], [1, 1]):
+        with pytest.raises(PolicyError):
+            queue.remove(ids)
+        assert [q.id for q in queue.scan()] == [0, 1, 2, 3]

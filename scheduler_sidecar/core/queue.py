@@ -71,14 +71,12 @@ class EdfQueue:
         return self._front[:n]
 
     def remove(self, query_ids: Iterable[int]) -> list[Query]:
-        """Remove queued queries by id and return them; unknown ids raise PolicyError."""
+        """Remove queued queries by id and return them; unknown or repeated ids raise PolicyError and remove none."""
         ids = list(query_ids)
-        out = []
-        for qid in ids:
-            query = self._by_id.pop(qid, None)
-            if query is None:
-                raise PolicyError(f"query {qid} is not queued")
-            out.append(query)
+        missing = [qid for qid in ids if qid not in self._by_id]
+        if missing or len(set(ids)) != len(ids):  # refuse the whole list: the queue stays as it was
+            raise PolicyError(f"queries {missing or ids} are not queued, or named twice")
+        out = [self._by_id.pop(qid) for qid in ids]
         k = len(ids)
         if self._front[:k] and [q.id for q in self._front[:k]] == ids:
             del self._front[:k]  # the usual case: a policy took the head of the queue
