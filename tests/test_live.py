@@ -297,6 +297,9 @@ def test_config_file_and_flags(tmp_path):
 
 
 TINY_MODEL = '''
+import os
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -304,16 +307,29 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def initialize(self, args):
         self.index = float(args["model_name"][1:])
+        self.log = os.path.join(args["model_repository"], "..", "intervals.txt")
 
     def execute(self, requests):
+        start = time.monotonic()
+        time.sleep(0.005)  # the model's work: long enough that two batches at once would overlap
         out = []
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
             k = len(x)
             y = np.stack([x.sum(1), np.full(k, self.index), np.full(k, k)], 1).astype(np.float32)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("LOGITS", y)]))
+        with open(self.log, "a") as f:
+            f.write(f"{start} {time.monotonic()}\\n")
         return out
 '''
+
+
+def tiny_repository(path: Path, names) -> Path:
+    for name in names:
+        (path / name / "1").mkdir(parents=True)
+        (path / name / "1" / "model.py").write_text(TINY_MODEL)
+        (path / name / "config.pbtxt").write_text(tiny_config(name))
+    return path
 
 
 def tiny_config(name: str) -> str:
@@ -330,10 +346,7 @@ def test_a_policy_loads_a_model_on_a_real_triton_and_no_request_is_lost(tmp_path
     from scheduler_sidecar.live.triton_launcher import TritonServer
     from scheduler_sidecar.live.workers import TritonWorker
 
-    for name in ("m2", "m3"):
-        (tmp_path / name / "1").mkdir(parents=True)
-        (tmp_path / name / "1" / "model.py").write_text(TINY_MODEL)
-        (tmp_path / name / "config.pbtxt").write_text(tiny_config(name))
+    tiny_repository(tmp_path, ("m2", "m3"))
 
     async def main(url: str):
         triton = TritonWorker(url)
@@ -352,3 +365,40 @@ def test_a_policy_loads_a_model_on_a_real_triton_and_no_request_is_lost(tmp_path
 
     with TritonServer(repository=tmp_path, models=["m3"]) as server:
         asyncio.run(main(server.grpc_url))
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_two_logical_models_on_one_real_triton_never_run_two_batches_at_once(tmp_path):
+    """`accscale serve` with two logical models on different Triton models of one endpoint (one instance
+    each, so one worker slot): Triton could run both at once, the sidecar never sends two batches."""
+    import tritonclient.grpc.aio as grpcaio
+
+    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
+
+    repository = tiny_repository(tmp_path / "repo", ("m0", "m1", "m2", "m3"))
+    make_profile().save(tmp_path / "p.json")
+    config = tmp_path / "sidecar.toml"
+
+    async def load(url: str) -> list:
+        async with grpcaio.InferenceServerClient(url) as client:
+            async def one(model: str, i: int):
+                x = grpcaio.InferInput("INPUT", [1, 2], "FP32")
+                x.set_data_from_numpy(np.array([[i, 1]], np.float32))
+                result = await client.infer(model, [x], parameters={"slo_us": 30_000_000})
+                return model, result.as_numpy("LOGITS")[0], result.get_response().parameters["slot"].int64_param
+            return await asyncio.gather(*(one(m, i) for i in range(20) for m in ("x", "y")))
+
+    with TritonServer(repository=repository) as triton:
+        config.write_text(f'workers = ["{triton.grpc_url}"]\n'
+                          f'[[models]]\nname = "x"\nprofile = "{tmp_path / "p.json"}"\npolicy = "clipper"\n'
+                          f'[[models]]\nname = "y"\nprofile = "{tmp_path / "p.json"}"\npolicy = "infaas"\n')
+        with SidecarServer(workers=[], config=config) as sidecar:
+            answers = asyncio.run(load(sidecar.grpc_url))
+    assert sorted(float(out[0]) for m, out, _ in answers if m == "x") == [i + 1.0 for i in range(20)]
+    assert {float(out[1]) for m, out, _ in answers} == {0.0, 3.0}  # x ran on m3 (clipper), y on m0 (infaas)
+    assert {slot for *_, slot in answers} == {0}
+    intervals = sorted(tuple(map(float, line.split())) for line in (tmp_path / "repo" / "intervals.txt").read_text().split("\n") if line)
+    assert len(intervals) >= 2
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(intervals, intervals[1:]))
