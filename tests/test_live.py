@@ -249,6 +249,21 @@ def test_a_slow_planner_does_not_delay_requests():
     asyncio.run(main())
 
 
+def test_a_follow_up_query_answers_its_parent_s_client():
+    """A cascade: small (m0) escalates rows whose sum is below 2 to big (m3); those clients get big's answer."""
+    async def main():
+        w = worker(gated=False)
+        driver, (small, big) = make_driver(w, policies={"small": make_policy("infaas", make_profile()),
+                                                         "big": make_policy("clipper", make_profile())})
+        small.follow_up = lambda inputs, out: ("big", inputs) if np.frombuffer(out["LOGITS"], np.float32)[0] < 2 else None
+        answers = await asyncio.gather(*(small.infer(row(i, 0), 1_000_000) for i in range(4)))
+        assert [(logits(a)[0], logits(a)[1], a.variant_id) for a in answers] == [
+            (0, 3, "v3"), (1, 3, "v3"), (2, 0, "v0"), (3, 0, "v0")]
+        assert [c.model for c in w.calls].count("m3") >= 1 and driver.num_pending == 0
+
+    asyncio.run(main())
+
+
 def test_every_policy_can_drive_the_live_model():
     async def main():
         w = worker(gated=False)

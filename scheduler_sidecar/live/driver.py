@@ -7,7 +7,9 @@ one slot at once. The driver supplies the clock and the executor: a dispatched b
 one ``infer`` call on the slot's worker, with the rows concatenated and the variant's control
 row (supernet) or model name (separate models), and its output split back into one answer per
 request; a load or unload goes to Triton's model-control API; a plan is solved in a thread, so
-a long solve never blocks requests.
+a long solve never blocks requests. A logical model's ``follow_up`` hook may turn an answer into
+the query of a next step (a cascade's escalation, a pipeline's next stage) on another logical
+model; the client then gets the last step's answer, which says the variant that served it.
 
 Latency calibration (``ModelSpec.latency_calibration``, on by default). A profile is measured
 on an idle worker; under load, on a shared CPU, batches can run well over their profiled p50,
@@ -118,6 +120,10 @@ class LiveModel:
         self.control = {v.id: np.asarray(v.actuation.control, np.int32).tobytes()
                         for v in profile.variants if v.actuation.kind == "supernet"}
         self.driver: LiveDriver | None = None
+        # a cascade's escalation or a pipeline's next stage: (a query's input rows, its output rows) ->
+        # (the logical model of the next step, its input rows), or None when this answer is final
+        self.follow_up: Callable[[dict[str, bytes], dict[str, bytes]], tuple[str, dict[str, bytes]] | None] | None
+        self.follow_up = None
 
     @property
     def policy(self) -> Policy:
@@ -158,7 +164,8 @@ class _Pending:
     query: Query
     model: LiveModel
     inputs: dict[str, bytes]  # one row per input, raw
-    future: asyncio.Future
+    future: asyncio.Future  # the client's; a follow-up query answers its parent's client
+    handed_over: bool = False  # a follow-up query took over the answer
 
 
 @dataclass(frozen=True)
@@ -248,7 +255,7 @@ class LiveDriver:
         outcome = record.outcome
         label = "error" if isinstance(error, (WorkerFailed, InternalError)) else outcome.value
         stats.request(record.variant_id or "", label)
-        if pending.future.done():
+        if pending.future.done() or (pending.handed_over and outcome in (Outcome.MET, Outcome.LATE)):
             return
         if outcome is Outcome.MET or outcome is Outcome.LATE:
             rows, start, end, worker, slot = output
@@ -311,7 +318,35 @@ class LiveDriver:
         model.stats.batch_size.observe(len(live))
         if model.options.latency_calibration:
             self._calibrate(model, variant, batch.device, len(live), end - start)
-        self._guard(self.engine.batch_done, batch, BatchResult(outputs=outputs))
+        follow_ups: tuple[Query, ...] = ()
+        if model.follow_up is not None:
+            try:
+                follow_ups = self._follow_ups(model, live, answers, end)
+            except Exception:  # a bug in the hook: these answers stay final rather than hang
+                log.exception("model %s: follow-up failed; answering with this step's outputs", model.name)
+        self._guard(self.engine.batch_done, batch, BatchResult(outputs=outputs, follow_ups=follow_ups))
+
+    def _follow_ups(self, model: LiveModel, rows: list[_Pending], answers: list[dict[str, bytes]],
+                    now: int) -> tuple[Query, ...]:
+        """The next step of each query that has one; it inherits the deadline and takes over the client's answer.
+
+        One follow-up per query (a chain or a cascade); a fan-out and the merge of its answers are a
+        pipeline's own (Loki).
+        """
+        out = []
+        for p, answer in zip(rows, answers):
+            step = model.follow_up(p.inputs, answer)
+            if step is None:
+                continue
+            name, inputs = step
+            if name not in self.models:
+                raise ValueError(f"model {model.name}: a follow-up names unknown model {name!r}")
+            qid = next(self._ids)
+            query = Query(p.query.deadline_us, qid, qid, now, name, parent=p.query.id, stage=p.query.stage + 1)
+            self._pending[qid] = _Pending(query, self.models[name], inputs, p.future)
+            p.handed_over = True
+            out.append(query)
+        return tuple(out)
 
     def _calibrate(self, model: LiveModel, variant: Variant, device: str, batch_size: int, service_us: int) -> None:
         latency = self.engine.types[model.name].policy.latency
