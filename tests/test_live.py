@@ -26,6 +26,7 @@ from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
+from scheduler_sidecar.server.service import ModelInfo
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 from tests.builders import POLICY_OPTIONS, make_mover, make_profile
 
@@ -164,7 +165,7 @@ def test_admission_and_drop_errors():
         with pytest.raises(SloInfeasible, match="below the fastest"):
             await model.infer(row(1, 1), 10)
         with pytest.raises(InvalidRequest, match="expects inputs"):
-            model.row_inputs([])
+            ModelInfo("m", model.inputs, model.outputs, 50_000).row_inputs([])
         running = asyncio.ensure_future(model.infer(row(1, 1), 1_000_000))
         await settle()
         queued = asyncio.ensure_future(model.infer(row(1, 1), 5_000))

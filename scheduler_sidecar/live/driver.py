@@ -45,7 +45,6 @@ from scheduler_sidecar.core.records import Batch, BatchResult, Outcome, Query, Q
 from scheduler_sidecar.errors import (
     AccscaleError,
     InternalError,
-    InvalidRequest,
     RequestError,
     Unavailable,
     WorkerError,
@@ -102,7 +101,7 @@ class Answer:
 
 
 class LiveModel:
-    """One logical model (a query type) as the front ends see it: tensors, policy, and :meth:`infer`."""
+    """One logical model (a query type) of the driver: its tensors, variants and :meth:`infer`."""
 
     def __init__(self, options: ModelOptions, profile: Profile, inputs: tuple[TensorSpec, ...],
                  outputs: tuple[TensorSpec, ...], stats) -> None:
@@ -129,21 +128,6 @@ class LiveModel:
     def policy(self) -> Policy:
         assert self.driver is not None
         return self.driver.engine.types[self.name].policy
-
-    def row_inputs(self, tensors: Iterable[tuple[str, bytes]]) -> dict[str, bytes]:
-        """Check that a request names every input exactly once (types and sizes are checked by the front ends)."""
-        rows: dict[str, bytes] = {}
-        for name, raw in tensors:
-            if name not in self.inputs:
-                raise InvalidRequest(f"unexpected input '{name}' for model '{self.name}'; inputs are "
-                                     f"{sorted(self.inputs)}")
-            if name in rows:
-                raise InvalidRequest(f"input '{name}' given twice")
-            rows[name] = raw
-        missing = sorted(set(self.inputs) - set(rows))
-        if missing:
-            raise InvalidRequest(f"model '{self.name}' expects inputs {missing}")
-        return rows
 
     async def infer(self, inputs: dict[str, bytes], slo_us: int, budget_us: int | None = None) -> Answer:
         assert self.driver is not None

@@ -12,10 +12,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from scheduler_sidecar.errors import InvalidRequest, RequestError
-from scheduler_sidecar.live.driver import LiveModel
 from scheduler_sidecar.live.workers import CHANNEL_OPTIONS
 from scheduler_sidecar.server.protocol import CONTENTS_FIELD, grpc_status, parse_slo_us, to_row_bytes
-from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
+from scheduler_sidecar.server.service import MODEL_VERSION, ModelInfo, Sidecar
 
 
 class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -52,14 +51,15 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             model = self.sidecar.model(request.model_name, request.model_version)
             params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
                       if v.WhichOneof("parameter_choice")}
-            slo_us = parse_slo_us(params, model.options.default_slo_us)
+            slo_us = parse_slo_us(params, model.default_slo_us)
             rows = model.row_inputs(_rows(model, request))
             wanted = [o.name for o in request.outputs] or list(model.outputs)
             unknown = sorted(set(wanted) - set(model.outputs))
             if unknown:
                 raise InvalidRequest(f"unknown outputs {unknown}; outputs are {list(model.outputs)}")
             remaining = context.time_remaining()
-            answer = await model.infer(rows, slo_us, None if remaining is None else int(remaining * 1e6))
+            answer = await self.sidecar.infer(model.name, rows, slo_us,
+                                              None if remaining is None else int(remaining * 1e6))
         except RequestError as exc:
             await context.abort(grpc_status(exc.code), exc.message)
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=MODEL_VERSION, id=request.id)
@@ -73,7 +73,7 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-def _rows(model: LiveModel, request: pb.ModelInferRequest):
+def _rows(model: ModelInfo, request: pb.ModelInferRequest):
     """(input name, one row's raw bytes) for each input, checked against the model's tensors."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):

@@ -21,9 +21,8 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from scheduler_sidecar.errors import InvalidRequest, RequestError
-from scheduler_sidecar.live.driver import LiveModel
 from scheduler_sidecar.server.protocol import from_row_bytes, parse_slo_us, to_row_bytes
-from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
+from scheduler_sidecar.server.service import MODEL_VERSION, ModelInfo, Sidecar
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -103,10 +102,10 @@ class Routes:
         params = header.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidRequest("'parameters' must be an object")
-        slo_us = parse_slo_us(params, model.options.default_slo_us)
+        slo_us = parse_slo_us(params, model.default_slo_us)
         rows = model.row_inputs(_rows(model, header.get("inputs"), tail))
         outputs = _requested_outputs(model, header.get("outputs"), bool(params.get("binary_data_output", False)))
-        answer = await model.infer(rows, slo_us)
+        answer = await self.sidecar.infer(model.name, rows, slo_us)
         reply: dict[str, Any] = {"model_name": model.name, "model_version": MODEL_VERSION,
                                  "parameters": answer.parameters(), "outputs": []}
         if "id" in header:
@@ -178,7 +177,7 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
     return header, tail
 
 
-def _rows(model: LiveModel, inputs: object, tail: bytes):
+def _rows(model: ModelInfo, inputs: object, tail: bytes):
     if not isinstance(inputs, list):
         raise InvalidRequest("'inputs' must be a list")
     offset = 0
@@ -209,7 +208,7 @@ def _rows(model: LiveModel, inputs: object, tail: bytes):
         raise InvalidRequest(f"{len(tail) - offset} bytes of binary data belong to no input")
 
 
-def _requested_outputs(model: LiveModel, outputs: object, binary_default: bool) -> list[tuple[str, bool]]:
+def _requested_outputs(model: ModelInfo, outputs: object, binary_default: bool) -> list[tuple[str, bool]]:
     if outputs is None:
         return [(name, binary_default) for name in model.outputs]
     if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs):

@@ -8,6 +8,8 @@ metadata and config, readiness, the admin actions and metrics all live here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -15,7 +17,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
-from scheduler_sidecar.live.driver import CONTROL_INPUT, LiveDriver, LiveModel, ModelOptions
+from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
 from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import Worker
@@ -31,6 +33,32 @@ PLATFORM = "accscale_sidecar"
 MODEL_VERSION = "1"
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a front end knows of a logical model: plain data, so that a front end needs no engine object
+    (the request path crosses only :meth:`Sidecar.infer`, and could cross a process boundary there)."""
+
+    name: str
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    default_slo_us: int
+
+    def row_inputs(self, tensors: Iterable[tuple[str, bytes]]) -> dict[str, bytes]:
+        """Check that a request names every input exactly once (types and sizes are checked by the front ends)."""
+        rows: dict[str, bytes] = {}
+        for name, raw in tensors:
+            if name not in self.inputs:
+                raise InvalidRequest(f"unexpected input '{name}' for model '{self.name}'; inputs are "
+                                     f"{sorted(self.inputs)}")
+            if name in rows:
+                raise InvalidRequest(f"input '{name}' given twice")
+            rows[name] = raw
+        missing = sorted(set(self.inputs) - set(rows))
+        if missing:
+            raise InvalidRequest(f"model '{self.name}' expects inputs {missing}")
+        return rows
+
+
 class Sidecar:
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
@@ -39,6 +67,7 @@ class Sidecar:
         triton_models = {v.actuation.model for p in self.profiles.values() for v in p.variants}
         self.pool = WorkerPool(triton_models, interval_s=config.health_interval_s)
         self.models: dict[str, LiveModel] = {}
+        self.infos: dict[str, ModelInfo] = {}  # what the front ends see of each model
         self.driver: LiveDriver | None = None
 
     async def start(self) -> None:
@@ -56,6 +85,8 @@ class Sidecar:
             stats.policy(None, spec.policy)
         self.driver = LiveDriver(pairs, on_worker_lost=self.pool.mark_down)
         self.models = dict(self.driver.models)
+        self.infos = {m.name: ModelInfo(m.name, m.inputs, m.outputs, m.options.default_slo_us)
+                      for m in self.models.values()}
         for worker in self.pool.workers:
             await self._add_slots(worker)
         self.pool.on_change(self._worker_changed)
@@ -82,13 +113,18 @@ class Sidecar:
         self.driver.worker_health(worker, healthy)
 
     # ---------------------------------------------------------------- lookups
-    def model(self, name: str, version: str = "") -> LiveModel:
-        model = self.models.get(name)
-        if model is None:
+    def model(self, name: str, version: str = "") -> ModelInfo:
+        """A logical model the front ends may call; NOT_FOUND otherwise."""
+        info = self.infos.get(name)
+        if info is None:
             raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if version not in ("", MODEL_VERSION):
             raise UnknownModel(f"Request for unknown model: '{name}' version {version} is not found")
-        return model
+        return info
+
+    async def infer(self, name: str, rows: dict[str, bytes], slo_us: int, budget_us: int | None = None) -> Answer:
+        """Serve one request of a known model (checked with :meth:`model`); raises a RequestError if it fails."""
+        return await self.models[name].infer(rows, slo_us, budget_us)
 
     def ready(self) -> bool:
         return all(self.model_ready(name) for name in self.models)
@@ -117,14 +153,15 @@ class Sidecar:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         """A config that tells clients (perf_analyzer) to send single samples with a batch dimension."""
         model = self.model(name, version)
+        live = self.models[name]
         return mc.ModelConfig(
             name=name, platform=PLATFORM, max_batch_size=1,
             input=[mc.ModelInput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.datatype}"), dims=list(t.dims))
                    for t in model.inputs.values()],
             output=[mc.ModelOutput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.datatype}"), dims=list(t.dims))
                     for t in model.outputs.values()],
-            parameters={"policy": mc.ModelParameter(string_value=model.policy.name),
-                        "profile": mc.ModelParameter(string_value=model.profile.name)},
+            parameters={"policy": mc.ModelParameter(string_value=live.policy.name),
+                        "profile": mc.ModelParameter(string_value=live.profile.name)},
         )
 
     # ---------------------------------------------------------------- admin
@@ -136,7 +173,8 @@ class Sidecar:
 
     def set_policy(self, name: str, policy: str, options: dict | None = None) -> dict[str, str]:
         """Switch a model's policy without a restart; its queue is kept."""
-        model = self.model(name)
+        self.model(name)
+        model = self.models[name]
         spec = next(s for s in self.config.models if s.name == name)
         try:
             new = _policy(spec, model.profile, policy, options or {})
