@@ -22,11 +22,11 @@ from scheduler_sidecar.errors import (
 from scheduler_sidecar.live.driver import LiveDriver, LiveModel, ModelOptions, now_us
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import FakeWorker, InferCall
-from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
 from scheduler_sidecar.server.service import ModelInfo
+from scheduler_sidecar.systems import POLICIES, make_policy
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 from tests.builders import POLICY_OPTIONS, make_mover, make_profile
 

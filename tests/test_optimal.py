@@ -262,9 +262,9 @@ def grid_profile():
 def test_slackfit_never_beats_the_optimum(seed):
     """On small random traces SlackFit's objective (accuracy summed over met queries) is at most the ZILP's."""
     from scheduler_sidecar.core.records import Outcome
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.results import OUTCOME_CODES
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import make_policy
 
     rng = random.Random(seed)
     profile = grid_profile()
@@ -289,9 +289,9 @@ def test_no_policy_beats_the_upper_bound_off_the_grid(seed: int) -> None:
     The "feasible" optimum is no such limit: on seeds 2 and 4 MaxAcc beats it.
     """
     from scheduler_sidecar.core.records import Outcome
-    from scheduler_sidecar.policies import POLICIES, make_policy
     from scheduler_sidecar.sim.results import OUTCOME_CODES
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import POLICIES, make_policy
     from tests.builders import POLICY_OPTIONS
 
     rng = random.Random(seed)

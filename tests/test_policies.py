@@ -5,7 +5,7 @@ import random
 import pytest
 
 from scheduler_sidecar.core.records import PolicyError, Query
-from scheduler_sidecar.policies import POLICIES, make_policy
+from scheduler_sidecar.systems import POLICIES, make_policy
 from scheduler_sidecar.systems.superserve.baselines import ClipperPlus, Infaas
 from scheduler_sidecar.systems.superserve.greedy import MaxAcc, MaxBatch
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit

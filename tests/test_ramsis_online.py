@@ -10,8 +10,8 @@ import pytest
 from loadtest.traces import poisson
 from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
-from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.systems import POLICIES, make_policy
 from scheduler_sidecar.systems.ramsis import LATENCY_CSV
 from scheduler_sidecar.systems.ramsis.generate import generate_set
 from scheduler_sidecar.systems.ramsis.mdp import MdpSpec

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from scheduler_sidecar.core.records import Outcome
-from scheduler_sidecar.policies import POLICIES, make_policy
 from scheduler_sidecar.sim.results import OUTCOME_CODES
 from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.systems import POLICIES, make_policy
 from tests.builders import POLICY_OPTIONS, make_profile
 
 PROFILE = make_profile(n_variants=5, batch_sizes=tuple(range(1, 17)))

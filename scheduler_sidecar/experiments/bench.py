@@ -58,8 +58,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 def run_simulator(args: argparse.Namespace) -> int:
     from loadtest.traces import bursty
     from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import make_policy
 
     if args.queries < 1:
         raise ValueError(f"--queries must be >= 1, got {args.queries}")
@@ -182,9 +182,9 @@ def gap_instance(seed: int, index: int, queries: int, workers: int) -> tuple[np.
 def run_optimal_gap(args: argparse.Namespace) -> int:
     from scheduler_sidecar.core.profile import Profile
     from scheduler_sidecar.core.records import Outcome
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.results import OUTCOME_CODES
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import make_policy
     from scheduler_sidecar.systems.superserve.optimal import solve_optimal
 
     if args.traces < 1 or args.queries < 1:

@@ -200,10 +200,10 @@ def run_fidelity(args: argparse.Namespace) -> int:
     from scheduler_sidecar.core.profile import Profile
     from scheduler_sidecar.experiments.simulate import load_queries
     from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.server.config import ModelSpec
     from scheduler_sidecar.server.serve import SidecarServer
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import make_policy
 
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
     profile = Profile.load(args.profile)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler_sidecar.policies import POLICIES
+from scheduler_sidecar.systems import POLICIES
 
 MAX_OPTIMAL_QUERIES = 200  # the time-indexed ZILP grows quickly; beyond this it is impractical
 
@@ -107,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _simulate(args, profile, arrival_us, deadline_us, fail_at) -> dict:
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import make_policy
 
     options: dict[str, object] = {"device": args.device}
     if args.late_queries:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from scheduler_sidecar.policies import POLICIES
+from scheduler_sidecar.systems import POLICIES
 
 if sys.version_info >= (3, 11):
     import tomllib

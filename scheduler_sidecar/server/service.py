@@ -21,9 +21,9 @@ from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, Liv
 from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import Worker
-from scheduler_sidecar.policies import make_policy
 from scheduler_sidecar.server.config import ModelSpec, SidecarConfig
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
+from scheduler_sidecar.systems import make_policy
 
 log = logging.getLogger(__name__)
 

@@ -139,8 +139,8 @@ def twitter_trace(bin_s: float, seed: int):
 
 
 def simulate(method: str, k: int, policy_dir: Path, bin_s: float, seed: int, ms_profile_s: float) -> dict:
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import make_policy
     from scheduler_sidecar.systems.ramsis.model_table import to_profile
 
     profile = to_profile(_table())

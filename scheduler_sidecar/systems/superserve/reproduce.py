@@ -142,8 +142,8 @@ def plan(figure: str, profile, duration_s: float, seed: int) -> list[Run]:
 def simulate(run_: Run, profile_path: Path) -> dict:
     from loadtest import traces
     from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.policies import make_policy
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import make_policy
 
     profile = Profile.load(profile_path)
     trace = getattr(traces, run_.trace[0])(**dict(run_.trace[1]))
