@@ -229,7 +229,10 @@ class LiveDriver:
             model.stats.queue_depth.set(self.engine.queued(model.name))
 
     def set_policy(self, model: str, policy: Policy) -> Policy:
-        return self._guard(self.engine.set_policy, model, policy)
+        """Switch a model's policy in place; returns the old one."""
+        old = self.engine.types[model].policy
+        self._guard(self.engine.set_policy, model, policy)
+        return old
 
     def _on_end(self, record: QueryRecord, output: object, error: AccscaleError | None) -> None:
         pending = self._pending.pop(record.query_id, None)
