@@ -100,6 +100,7 @@ class Engine:
         if not types:
             raise ValueError("an engine needs at least one query type")
         self.types = {t.name: t for t in types}
+        self._type_list = list(types)
         if len(self.types) != len(types):
             raise ValueError(f"query type names must be unique: {[t.name for t in types]}")
         self.workers: list[WorkerState] = list(workers)
@@ -270,7 +271,8 @@ class Engine:
     def step(self) -> None:
         """Let every policy decide until none has anything left to do; carry out each decision."""
         now = self.clock()
-        self._move_to_target(now)
+        if self._target:
+            self._move_to_target(now)
         progress = True
         while progress:
             progress = False
@@ -286,9 +288,9 @@ class Engine:
                     progress = True
 
     def _by_head_deadline(self) -> list[QueryType]:
-        if len(self.types) == 1:
-            return list(self.types.values())
-        return sorted(self.types.values(), key=lambda t: t.queue.peek().deadline_us if t.queue else 1 << 62)
+        if len(self._type_list) == 1:
+            return self._type_list
+        return sorted(self._type_list, key=lambda t: t.queue.peek().deadline_us if t.queue else 1 << 62)
 
     def _apply(self, qt: QueryType, decision: Decision, now: int) -> None:
         for d in decision.dispatches:

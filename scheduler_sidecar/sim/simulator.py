@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,12 +114,14 @@ class Simulator:
                 run.now = arrivals[i]
                 next_arrival += 1
                 engine.arrive(Query(deadlines[i], i, i, arrivals[i], types[i] if types else default_type))
-        if np.any(run.ends != 1):
-            bad = int(np.flatnonzero(run.ends != 1)[0])
-            raise RuntimeError(f"query {bad} ended {run.ends[bad]} times; every query must end exactly once")
-        return SimResult(arrival, deadline, run.finish, run.outcome, run.accuracy, run.batch_size, run.variant,
-                         engine.num_decisions, time.perf_counter() - started, run.batches, run.follow_ups,
-                         run.solve_s)
+        ends = np.asarray(run.ends, dtype=np.int32)
+        if np.any(ends != 1):
+            bad = int(np.flatnonzero(ends != 1)[0])
+            raise RuntimeError(f"query {bad} ended {ends[bad]} times; every query must end exactly once")
+        return SimResult(arrival, deadline, np.asarray(run.finish, dtype=np.int64),
+                         np.asarray(run.outcome, dtype=np.int8), np.asarray(run.accuracy, dtype=np.float64),
+                         np.asarray(run.batch_size, dtype=np.int32), run.variant, engine.num_decisions,
+                         time.perf_counter() - started, run.batches, run.follow_ups, run.solve_s)
 
 
 class _Run:
@@ -131,11 +134,12 @@ class _Run:
         self.work = 0  # events in the heap other than wakeups
         self._seq = itertools.count(1)
         self._ids = itertools.count(n)
-        self.finish = np.full(n, -1, dtype=np.int64)
-        self.outcome = np.full(n, -1, dtype=np.int8)
-        self.ends = np.zeros(n, dtype=np.int32)  # terminal outcomes recorded per query: must end at exactly 1
-        self.accuracy = np.full(n, np.nan)
-        self.batch_size = np.zeros(n, dtype=np.int32)
+        # per-query outcomes, filled as queries end (plain lists: numpy item assignment is slow per query)
+        self.finish = [-1] * n
+        self.outcome = [-1] * n
+        self.ends = [0] * n  # terminal outcomes recorded per query: must end at exactly 1
+        self.accuracy = [math.nan] * n
+        self.batch_size = [0] * n
         self.variant: list[str | None] = [None] * n
         self.batches: list[BatchRecord] = []
         self.follow_ups: list[QueryRecord] = []
