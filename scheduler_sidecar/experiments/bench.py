@@ -105,6 +105,7 @@ def run_slackfit(args: argparse.Namespace) -> int:
     profile = synthetic_pareto_profile(args.subnets)
     started = time.perf_counter()
     policy = SlackFit(profile)
+    policy.menu()  # the offline phase: the buckets of the device kind, built on first use
     offline_ms = (time.perf_counter() - started) * 1e3
     rng = np.random.default_rng(0)
     workers = [WorkerState(0, device=policy.device)]  # the synthetic profile's device kind
