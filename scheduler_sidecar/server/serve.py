@@ -122,6 +122,10 @@ class SidecarServer:
     def http_url(self) -> str:
         return f"{self.host}:{self.http_port}"
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
     def start(self) -> None:
         with open(self.log_path, "wb") as out:
             self._proc = subprocess.Popen([sys.executable, *self._python_args, "-m", "scheduler_sidecar.cli", "serve",
