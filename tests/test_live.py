@@ -13,7 +13,6 @@ import pytest
 from scheduler_sidecar.core.plan import Plan, Planner
 from scheduler_sidecar.errors import (
     DeadlineExceeded,
-    InvalidRequest,
     SloInfeasible,
     Unavailable,
     WorkerFailed,
@@ -25,7 +24,6 @@ from scheduler_sidecar.live.workers import FakeWorker, InferCall
 from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
-from scheduler_sidecar.server.service import ModelInfo
 from scheduler_sidecar.systems import POLICIES, make_policy
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 from tests.builders import POLICY_OPTIONS, make_mover, make_profile
@@ -117,6 +115,31 @@ def test_a_client_that_leaves_frees_its_queue_entry():
     asyncio.run(main())
 
 
+def test_a_row_that_breaks_the_model_fails_alone_and_its_batch_mates_are_answered():
+    def poisoned(call: InferCall) -> list[dict[str, bytes]]:
+        x = np.frombuffer(b"".join(call.inputs[0][1]), np.float32)
+        if np.isnan(x).any():
+            raise WorkerFailed("worker a: the model rejects NaN")
+        return compute(call)
+
+    async def main():
+        w = FakeWorker("a", compute=poisoned, gate=asyncio.Event())
+        driver, (model,) = make_driver(w)
+        first = asyncio.ensure_future(model.infer(row(0, 0), 1_000_000))
+        await settle()  # the next five queue behind the first and run as one batch, one of them poisoned
+        rest = [asyncio.ensure_future(model.infer(row(float("nan") if i == 3 else i, 1), 1_000_000))
+                for i in range(5)]
+        await settle()
+        w.gate.set()
+        answers = await asyncio.gather(first, *rest, return_exceptions=True)
+        assert isinstance(answers[4], WorkerFailed) and "NaN" in str(answers[4])
+        assert [logits(a)[0] for i, a in enumerate(answers) if i != 4] == [0, 1, 2, 3, 5]
+        assert [c.rows for c in w.calls] == [1, 5, 2, 3, 1, 2, 1, 1]  # the batch of 5, then halves down to the row
+        assert driver.num_pending == 0
+
+    asyncio.run(main())
+
+
 def test_a_lost_worker_s_batch_is_retried_on_the_other():
     async def main():
         lost, good = worker("a", fail_with=WorkerLost("gone")), worker("b", gated=False)
@@ -164,8 +187,6 @@ def test_admission_and_drop_errors():
         driver, (model,) = make_driver(w, clock=clock, queue_limit=1)
         with pytest.raises(SloInfeasible, match="below the fastest"):
             await model.infer(row(1, 1), 10)
-        with pytest.raises(InvalidRequest, match="expects inputs"):
-            ModelInfo("m", model.inputs, model.outputs, 50_000).row_inputs([])
         running = asyncio.ensure_future(model.infer(row(1, 1), 1_000_000))
         await settle()
         queued = asyncio.ensure_future(model.infer(row(1, 1), 5_000))

@@ -159,6 +159,9 @@ class Engine:
         qt = self.types[batch.queries[0].type]
         records = []
         for q in batch.queries:
+            if q.id in result.failed:
+                self._end(q, Outcome.FAILED, now, error=result.failed[q.id])
+                continue
             variant = result.served_by.get(q.id, batch.variant_id)
             outcome = Outcome.MET if now <= q.deadline_us else Outcome.LATE
             records.append(self._end(q, outcome, now, variant, qt.accuracy[variant], len(batch.queries),

@@ -59,6 +59,9 @@ class Policy(abc.ABC):
     """Base class; subclasses implement :meth:`decide` (see the module docstring)."""
 
     name: ClassVar[str]
+    # options that name files on the sidecar's machine: an operator's, set in the config file, never
+    # over the network (the admin switch refuses them)
+    file_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, profile: Profile, *, device: str | None = None,
                  late_queries: LateQueries | str = LateQueries.DROP, overhead_us: int = 0) -> None:
@@ -72,6 +75,8 @@ class Policy(abc.ABC):
         self.late_queries = LateQueries(late_queries)
         # Ambiguity (digest A5, A22): slack = deadline - now - overhead_us, where overhead_us
         # covers dispatch and RPC time the profile does not include (0 in simulation).
+        if isinstance(overhead_us, bool) or not isinstance(overhead_us, int) or overhead_us < 0:
+            raise ConfigError(f"overhead_us must be a whole number of microseconds >= 0, got {overhead_us!r}")
         self.overhead_us = overhead_us
 
     @abc.abstractmethod

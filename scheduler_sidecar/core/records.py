@@ -11,7 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scheduler_sidecar.errors import PolicyError
+from scheduler_sidecar.errors import AccscaleError, PolicyError
 
 __all__ = ["Batch", "BatchResult", "Decision", "Dispatch", "EMPTY", "Load", "Outcome", "PolicyError", "Query",
            "QueryRecord", "Unload", "WorkerState"]
@@ -143,3 +143,5 @@ class BatchResult:
     outputs: Mapping[int, object] = field(default_factory=dict)
     # new queries this batch created: a pipeline's next stage, a cascade's escalation
     follow_ups: tuple[Query, ...] = ()
+    # query id -> why the worker could not serve that query alone (the rest of the batch was served)
+    failed: Mapping[int, AccscaleError] = field(default_factory=dict)

@@ -44,6 +44,7 @@ from scheduler_sidecar.core.profile import Profile, Variant
 from scheduler_sidecar.core.records import Batch, BatchResult, Outcome, Query, QueryRecord, WorkerState
 from scheduler_sidecar.errors import (
     AccscaleError,
+    Code,
     InternalError,
     RequestError,
     Unavailable,
@@ -284,11 +285,10 @@ class LiveDriver:
             return
         model = live[0].model
         variant = model.variants[batch.variant_id]
-        call = model.call(variant, [p.inputs for p in live])
         start = self.clock()
-        timeout_s = (max(q.deadline_us for q in batch.queries) - start) / 1e6 + RPC_GRACE_S
+        last_deadline_us = max(q.deadline_us for q in batch.queries)
         try:
-            answers = await slot.worker.infer(call, timeout_s)
+            answers = await self._infer(slot.worker, model, variant, live, last_deadline_us)
         except WorkerLost as exc:
             self.on_worker_lost(slot.worker, str(exc))
             self._guard(self.engine.batch_failed, batch, exc)
@@ -301,19 +301,40 @@ class LiveDriver:
             self._guard(self.engine.batch_failed, batch, WorkerFailed(f"{type(exc).__name__}: {exc}"))
             return
         end = self.clock()
-        outputs = {p.query.id: (out, start, end, slot.worker.url, batch.worker_id) for p, out in zip(live, answers)}
+        served = [(p, out) for p, out in zip(live, answers) if not isinstance(out, WorkerFailed)]
+        failed = {p.query.id: out for p, out in zip(live, answers) if isinstance(out, WorkerFailed)}
+        outputs = {p.query.id: (out, start, end, slot.worker.url, batch.worker_id) for p, out in served}
         model.stats.batch_size.observe(len(live))
-        if model.options.latency_calibration:
+        if model.options.latency_calibration and not failed:  # a split batch's time is not a batch latency
             self._calibrate(model, variant, batch.device, len(live), end - start)
         follow_ups: tuple[Query, ...] = ()
-        if model.follow_up is not None:
+        if model.follow_up is not None and served:
             try:
-                follow_ups = self._follow_ups(model, live, answers, end)
+                follow_ups = self._follow_ups(model, *zip(*served), end)
             except Exception:  # a bug in the hook: these answers stay final rather than hang
                 log.exception("model %s: follow-up failed; answering with this step's outputs", model.name)
-        self._guard(self.engine.batch_done, batch, BatchResult(outputs=outputs, follow_ups=follow_ups))
+        self._guard(self.engine.batch_done, batch, BatchResult(outputs=outputs, follow_ups=follow_ups, failed=failed))
 
-    def _follow_ups(self, model: LiveModel, rows: list[_Pending], answers: list[dict[str, bytes]],
+    async def _infer(self, worker: Worker, model: LiveModel, variant: Variant, rows: list[_Pending],
+                     last_deadline_us: int) -> list[dict[str, bytes] | WorkerFailed]:
+        """Each row's outputs, or the worker's error for a row that fails even alone.
+
+        A worker that fails a batch of several rows for a reason other than time is asked again in
+        halves, so one client's input that breaks the model fails that request alone, not its
+        batch-mates (at the cost of about 2 log2(batch) more calls, on a path that should be rare).
+        """
+        timeout_s = max(0.0, (last_deadline_us - self.clock()) / 1e6) + RPC_GRACE_S
+        try:
+            return await worker.infer(model.call(variant, [p.inputs for p in rows]), timeout_s)
+        except WorkerFailed as exc:
+            if len(rows) == 1 or exc.code is Code.DEADLINE_EXCEEDED:
+                return [exc] * len(rows)
+            log.warning("a batch of %d on %s failed (%s); retrying it in halves", len(rows), worker.url, exc)
+            half = len(rows) // 2
+            return [*await self._infer(worker, model, variant, rows[:half], last_deadline_us),
+                    *await self._infer(worker, model, variant, rows[half:], last_deadline_us)]
+
+    def _follow_ups(self, model: LiveModel, rows: tuple[_Pending, ...], answers: tuple[dict[str, bytes], ...],
                     now: int) -> tuple[Query, ...]:
         """The next step of each query that has one; it inherits the deadline and takes over the client's answer.
 

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_sidecar.errors import InvalidRequest
-
 # KServe v2 datatype -> numpy dtype (little-endian); BYTES has no fixed row size and is not served
 DTYPES: dict[str, np.dtype] = {
     name: np.dtype(t).newbyteorder("<") for name, t in {
@@ -33,14 +31,3 @@ class TensorSpec:
     @functools.cached_property
     def row_bytes(self) -> int:  # cached: it is checked on every request
         return int(np.prod(self.dims, dtype=np.int64)) * DTYPES[self.datatype].itemsize
-
-    def check(self, datatype: str, shape: tuple[int, ...], nbytes: int | None = None) -> None:
-        """Raise INVALID_ARGUMENT unless (datatype, shape[, bytes]) is one sample of this tensor."""
-        if datatype != self.datatype:
-            raise InvalidRequest(f"input '{self.name}': datatype {datatype}, expected {self.datatype}")
-        if tuple(shape) != (1, *self.dims):
-            raise InvalidRequest(f"input '{self.name}': shape {list(shape)}, expected "
-                               f"{[1, *self.dims]} (the sidecar takes single-sample requests)")
-        if nbytes is not None and nbytes != self.row_bytes:
-            raise InvalidRequest(f"input '{self.name}': {nbytes} bytes of data, "
-                               f"expected {self.row_bytes} for shape {[1, *self.dims]} {datatype}")

@@ -8,6 +8,10 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
     workers = ["127.0.0.1:8001"]  # Triton gRPC endpoints
     health_interval_s = 0.5
     admin_token = ""          # empty: the admin endpoints are off
+    max_request_bytes = 67108864  # larger HTTP bodies / gRPC messages are refused unread (64 MiB)
+    max_slo_us = 60000000     # a larger slo_us is refused (INVALID_ARGUMENT)
+    read_timeout_s = 10.0     # an HTTP request body must arrive within this once its headers have
+    idle_timeout_s = 60.0     # an HTTP connection idle this long, or stuck in its headers, is closed
 
     [[models]]
     name = "digits"            # the logical model clients address
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from scheduler_sidecar.server.protocol import Limits
 from scheduler_sidecar.systems import POLICIES
 
 if sys.version_info >= (3, 11):
@@ -73,6 +78,11 @@ class SidecarConfig:
     health_interval_s: float = 0.5
     admin_token: str = ""  # empty: admin endpoints answer 403
     startup_wait_s: float = 30.0  # how long to wait for the configured workers to be ready
+    max_request_bytes: int = Limits.max_request_bytes
+    max_slo_us: int = Limits.max_slo_us
+    # slow clients: a body that trickles in, or headers that never end, must not hold a connection for ever
+    read_timeout_s: float = 10.0
+    idle_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -82,6 +92,17 @@ class SidecarConfig:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique: {names}")
+        for key in ("max_request_bytes", "max_slo_us", "read_timeout_s", "idle_timeout_s", "health_interval_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be > 0")
+        for spec in self.models:
+            if spec.default_slo_us > self.max_slo_us:
+                raise ValueError(f"model {spec.name!r}: default_slo_us {spec.default_slo_us} is above max_slo_us "
+                                 f"{self.max_slo_us}")
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_request_bytes, self.max_slo_us)
 
 
 def load(path: Path | None, **overrides: Any) -> SidecarConfig:

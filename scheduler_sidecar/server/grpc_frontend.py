@@ -12,9 +12,16 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from scheduler_sidecar.errors import InvalidRequest, RequestError
-from scheduler_sidecar.live.workers import CHANNEL_OPTIONS
-from scheduler_sidecar.server.protocol import CONTENTS_FIELD, grpc_status, parse_slo_us, to_row_bytes
-from scheduler_sidecar.server.service import MODEL_VERSION, ModelInfo, Sidecar
+from scheduler_sidecar.server.protocol import (
+    CONTENTS_FIELD,
+    Limits,
+    OutputIn,
+    TensorIn,
+    grpc_status,
+    parse_request,
+    quote,
+)
+from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
 
 
 class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -51,14 +58,10 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             model = self.sidecar.model(request.model_name, request.model_version)
             params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
                       if v.WhichOneof("parameter_choice")}
-            slo_us = parse_slo_us(params, model.default_slo_us)
-            rows = model.row_inputs(_rows(model, request))
-            wanted = [o.name for o in request.outputs] or list(model.outputs)
-            unknown = sorted(set(wanted) - set(model.outputs))
-            if unknown:
-                raise InvalidRequest(f"unknown outputs {unknown}; outputs are {list(model.outputs)}")
+            outputs = [OutputIn(o.name) for o in request.outputs] or None
+            checked = parse_request(model, params, _inputs(request), outputs, self.sidecar.limits)
             remaining = context.time_remaining()
-            answer = await self.sidecar.infer(model.name, rows, slo_us,
+            answer = await self.sidecar.infer(model.name, checked.rows, checked.slo_us,
                                               None if remaining is None else int(remaining * 1e6))
         except RequestError as exc:
             await context.abort(grpc_status(exc.code), exc.message)
@@ -66,39 +69,39 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         for key, value in answer.parameters().items():
             field = {str: "string_param", int: "int64_param", float: "double_param"}[type(value)]
             setattr(response.parameters[key], field, value)
-        for name in wanted:
+        for name, _ in checked.outputs:
             spec = model.outputs[name]
             response.outputs.add(name=name, datatype=spec.datatype, shape=[1, *spec.dims])
             response.raw_output_contents.append(answer.outputs[name])
         return response
 
 
-def _rows(model: ModelInfo, request: pb.ModelInferRequest):
-    """(input name, one row's raw bytes) for each input, checked against the model's tensors."""
+def _inputs(request: pb.ModelInferRequest) -> list[TensorIn]:
+    """Each input with its raw bytes, or its typed contents when the client sent no raw_input_contents."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidRequest(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+    inputs = []
     for i, tensor in enumerate(request.inputs):
-        spec = model.inputs.get(tensor.name)
-        if spec is None:
-            yield tensor.name, b""  # row_inputs names the unexpected input
-            continue
-        spec.check(tensor.datatype, tuple(tensor.shape))
         if raw:
-            data = raw[i]
-        else:
-            field = CONTENTS_FIELD.get(spec.datatype)
-            if field is None:
-                raise InvalidRequest(f"input '{spec.name}': {spec.datatype} data must be "
-                                   "sent in raw_input_contents")
-            data = to_row_bytes(spec, getattr(tensor.contents, field))
-        spec.check(tensor.datatype, tuple(tensor.shape), len(data))
-        yield tensor.name, data
+            inputs.append(TensorIn(tensor.name, tensor.datatype, list(tensor.shape), raw=raw[i]))
+            continue
+        field = CONTENTS_FIELD.get(tensor.datatype)
+        if field is None:
+            raise InvalidRequest(f"input {quote(tensor.name)}: {quote(tensor.datatype)} data must be sent in "
+                                 "raw_input_contents")
+        inputs.append(TensorIn(tensor.name, tensor.datatype, list(tensor.shape), values=getattr(tensor.contents, field)))
+    return inputs
+
+
+def server_options(limits: Limits) -> list[tuple[str, int]]:
+    """The sidecar's gRPC server: messages above the request limit are refused (RESOURCE_EXHAUSTED) unread."""
+    return [("grpc.max_receive_message_length", limits.max_request_bytes), ("grpc.max_send_message_length", -1)]
 
 
 async def start(sidecar: Sidecar, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the port it bound (``port`` 0 picks a free one)."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(options=server_options(sidecar.limits))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(sidecar), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

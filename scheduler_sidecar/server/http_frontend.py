@@ -13,7 +13,9 @@ place; ``GET /v2/admin/workers`` lists workers; ``POST /v2/admin/workers`` ``{"u
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,8 +23,10 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from scheduler_sidecar.errors import InvalidRequest, RequestError
-from scheduler_sidecar.server.protocol import from_row_bytes, parse_slo_us, to_row_bytes
-from scheduler_sidecar.server.service import MODEL_VERSION, ModelInfo, Sidecar
+from scheduler_sidecar.server.protocol import OutputIn, TensorIn, from_row_bytes, parse_request, quote
+from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
+
+log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -39,9 +43,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except RequestError as exc:
         return _error(exc.code.http, exc.message)
     except web.HTTPException as exc:
-        if exc.status >= 400:
-            return _error(exc.status, exc.reason)
-        raise
+        if exc.status < 400:
+            raise
+        response = _error(exc.status, exc.reason)
+        if exc.status == web.HTTPRequestTimeout.status_code:  # what is left of a stalled body is not read
+            response.force_close()
+        return response
+    except Exception as exc:  # a bug: logged, and still a JSON answer
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(500, f"internal error: {type(exc).__name__}")
 
 
 def _message(proto) -> dict:
@@ -53,7 +63,7 @@ class Routes:
         self.sidecar = sidecar
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_errors], client_max_size=1 << 30)
+        app = web.Application(middlewares=[_errors], client_max_size=self.sidecar.limits.max_request_bytes)
         r = app.router
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)
@@ -97,21 +107,23 @@ class Routes:
     # ---------------------------------------------------------------- inference
     async def infer(self, request: web.Request) -> web.Response:
         model = self.sidecar.model(request.match_info["model"], request.match_info.get("version", ""))
-        body = await request.read()
+        body = await self._read(request)
         header, tail = _split_body(body, request.headers.get(HEADER_LENGTH))
-        params = header.get("parameters") or {}
+        params = header.get("parameters", {})
         if not isinstance(params, dict):
             raise InvalidRequest("'parameters' must be an object")
-        slo_us = parse_slo_us(params, model.default_slo_us)
-        rows = model.row_inputs(_rows(model, header.get("inputs"), tail))
-        outputs = _requested_outputs(model, header.get("outputs"), bool(params.get("binary_data_output", False)))
-        answer = await self.sidecar.infer(model.name, rows, slo_us)
+        checked = parse_request(model, params, _inputs(header.get("inputs"), tail), _outputs(header.get("outputs")),
+                                self.sidecar.limits)
+        request_id = header.get("id")
+        if request_id is not None and not isinstance(request_id, str):
+            raise InvalidRequest(f"'id' must be a string, got {quote(request_id)}")
+        answer = await self.sidecar.infer(model.name, checked.rows, checked.slo_us)
         reply: dict[str, Any] = {"model_name": model.name, "model_version": MODEL_VERSION,
                                  "parameters": answer.parameters(), "outputs": []}
-        if "id" in header:
-            reply["id"] = header["id"]
+        if request_id is not None:
+            reply["id"] = request_id
         binary = []
-        for name, as_binary in outputs:
+        for name, as_binary in checked.outputs:
             spec = model.outputs[name]
             out: dict[str, Any] = {"name": name, "datatype": spec.datatype, "shape": [1, *spec.dims]}
             if as_binary:
@@ -127,13 +139,18 @@ class Routes:
                             headers={HEADER_LENGTH: str(len(text))})
 
     # ---------------------------------------------------------------- admin
+    async def _read(self, request: web.Request) -> bytes:
+        """The request's body, which must arrive within ``read_timeout_s`` (a client that stalls is cut off)."""
+        timeout_s = self.sidecar.config.read_timeout_s
+        try:
+            return await asyncio.wait_for(request.read(), timeout_s)
+        except asyncio.TimeoutError:
+            raise web.HTTPRequestTimeout(reason=f"the request body did not arrive within {timeout_s:g} s") from None
+
     async def _admin_body(self, request: web.Request) -> dict:
         auth = request.headers.get("Authorization", "")
         self.sidecar.check_admin(auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else None)
-        try:
-            body = await request.json()
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"body is not JSON: {exc}") from None
+        body = _json(await self._read(request), "body")
         if not isinstance(body, dict):
             raise InvalidRequest("body must be a JSON object")
         return body
@@ -142,7 +159,7 @@ class Routes:
         body = await self._admin_body(request)
         if not isinstance(body.get("model"), str) or not isinstance(body.get("policy"), str):
             raise InvalidRequest('body must be {"model": ..., "policy": ..., "options"?: {...}}')
-        return web.json_response(self.sidecar.set_policy(body["model"], body["policy"], body.get("options")))
+        return web.json_response(await self.sidecar.set_policy(body["model"], body["policy"], body.get("options")))
 
     async def list_workers(self, request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization", "")
@@ -156,6 +173,15 @@ class Routes:
         return web.json_response(await self.sidecar.add_worker(body["url"]))
 
 
+def _json(text: bytes, what: str) -> object:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # the parser recurses once per nesting level
+        raise InvalidRequest(f"{what} is nested too deeply") from None
+
+
 def _split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
     if header_length is None:
         json_bytes, tail = body, b""
@@ -166,65 +192,61 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
             raise InvalidRequest(f"{HEADER_LENGTH} is not an integer") from None
         if not 0 < n <= len(body):
             raise InvalidRequest(f"{HEADER_LENGTH} {n} is outside the body "
-                               f"({len(body)} bytes); raw-binary requests without a JSON header are not supported")
+                                 f"({len(body)} bytes); raw-binary requests without a JSON header are not supported")
         json_bytes, tail = body[:n], body[n:]
-    try:
-        header = json.loads(json_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request header is not JSON: {exc}") from None
+    header = _json(json_bytes, "request header")
     if not isinstance(header, dict):
         raise InvalidRequest("request header must be a JSON object")
     return header, tail
 
 
-def _rows(model: ModelInfo, inputs: object, tail: bytes):
+def _inputs(inputs: object, tail: bytes) -> list[TensorIn]:
+    """Each input with its slice of the binary tail (``binary_data_size``) or its JSON ``data``."""
     if not isinstance(inputs, list):
         raise InvalidRequest("'inputs' must be a list")
-    offset = 0
+    out, offset = [], 0
     for tensor in inputs:
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-            raise InvalidRequest("each input needs a 'name'")
-        spec = model.inputs.get(tensor["name"])
-        if spec is None:
-            yield tensor["name"], b""  # row_inputs names the unexpected input
+        if not isinstance(tensor, dict):
+            raise InvalidRequest(f"each input must be an object, got {quote(tensor)}")
+        params = _parameters(tensor, f"input {quote(tensor.get('name'))}")
+        size = params.get("binary_data_size")
+        if size is None:
+            out.append(TensorIn(tensor.get("name"), tensor.get("datatype"), tensor.get("shape"),
+                                values=tensor.get("data")))
             continue
-        shape = tensor.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-            raise InvalidRequest(f"input '{spec.name}': 'shape' must be a list of integers")
-        spec.check(tensor.get("datatype"), tuple(shape))
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(tail):
-                raise InvalidRequest(f"input '{spec.name}': binary_data_size {size!r} does not "
-                                   f"fit the {len(tail) - offset} bytes left in the body")
-            data, offset = tail[offset:offset + size], offset + size
-        elif "data" in tensor:
-            data = to_row_bytes(spec, tensor["data"])
-        else:
-            raise InvalidRequest(f"input '{spec.name}' has neither 'data' nor binary_data_size")
-        spec.check(tensor["datatype"], tuple(shape), len(data))
-        yield spec.name, data
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= len(tail) - offset:
+            raise InvalidRequest(f"input {quote(tensor.get('name'))}: binary_data_size {quote(size)} does not fit "
+                                 f"the {len(tail) - offset} bytes left in the body")
+        out.append(TensorIn(tensor.get("name"), tensor.get("datatype"), tensor.get("shape"),
+                            raw=tail[offset:offset + size]))
+        offset += size
     if offset != len(tail):
         raise InvalidRequest(f"{len(tail) - offset} bytes of binary data belong to no input")
+    return out
 
 
-def _requested_outputs(model: ModelInfo, outputs: object, binary_default: bool) -> list[tuple[str, bool]]:
+def _outputs(outputs: object) -> list[OutputIn] | None:
     if outputs is None:
-        return [(name, binary_default) for name in model.outputs]
-    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs):
-        raise InvalidRequest("'outputs' must be a list of objects with a 'name'")
-    wanted = []
-    for o in outputs:
-        if o["name"] not in model.outputs:
-            raise InvalidRequest(f"unknown output '{o['name']}'; outputs are {list(model.outputs)}")
-        wanted.append((o["name"], bool((o.get("parameters") or {}).get("binary_data", binary_default))))
-    return wanted
+        return None
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise InvalidRequest("'outputs' must be a list of objects")
+    return [OutputIn(o.get("name"), _parameters(o, f"output {quote(o.get('name'))}").get("binary_data"))
+            for o in outputs]
+
+
+def _parameters(tensor: dict, what: str) -> dict:
+    params = tensor.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidRequest(f"{what}: 'parameters' must be an object, got {quote(params)}")
+    return params
 
 
 async def start(sidecar: Sidecar, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start the HTTP server; returns its runner and the port it bound (``port`` 0 picks a free one)."""
     # handler_cancellation: a client that disconnects cancels its handler, which frees its queue entry
-    runner = web.AppRunner(Routes(sidecar).app(), handler_cancellation=True, access_log=None)
+    # keepalive_timeout also closes a connection whose request headers never finish (aiohttp arms it on connect)
+    runner = web.AppRunner(Routes(sidecar).app(), handler_cancellation=True, access_log=None,
+                           keepalive_timeout=sidecar.config.idle_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

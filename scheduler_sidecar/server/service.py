@@ -7,9 +7,9 @@ metadata and config, readiness, the admin actions and metrics all live here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from importlib import metadata as importlib_metadata
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -23,7 +23,8 @@ from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import Worker
 from scheduler_sidecar.server.config import ModelSpec, SidecarConfig
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
-from scheduler_sidecar.systems import make_policy
+from scheduler_sidecar.server.protocol import ModelInfo, quote
+from scheduler_sidecar.systems import POLICIES, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -31,32 +32,6 @@ SERVER_NAME = "accscale"
 EXTENSIONS = ("binary_tensor_data", "parameters", "model_configuration")
 PLATFORM = "accscale_sidecar"
 MODEL_VERSION = "1"
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What a front end knows of a logical model: plain data, so that a front end needs no engine object
-    (the request path crosses only :meth:`Sidecar.infer`, and could cross a process boundary there)."""
-
-    name: str
-    inputs: dict[str, TensorSpec]
-    outputs: dict[str, TensorSpec]
-    default_slo_us: int
-
-    def row_inputs(self, tensors: Iterable[tuple[str, bytes]]) -> dict[str, bytes]:
-        """Check that a request names every input exactly once (types and sizes are checked by the front ends)."""
-        rows: dict[str, bytes] = {}
-        for name, raw in tensors:
-            if name not in self.inputs:
-                raise InvalidRequest(f"unexpected input '{name}' for model '{self.name}'; inputs are "
-                                     f"{sorted(self.inputs)}")
-            if name in rows:
-                raise InvalidRequest(f"input '{name}' given twice")
-            rows[name] = raw
-        missing = sorted(set(self.inputs) - set(rows))
-        if missing:
-            raise InvalidRequest(f"model '{self.name}' expects inputs {missing}")
-        return rows
 
 
 class Sidecar:
@@ -69,6 +44,8 @@ class Sidecar:
         self.models: dict[str, LiveModel] = {}
         self.infos: dict[str, ModelInfo] = {}  # what the front ends see of each model
         self.driver: LiveDriver | None = None
+        self.limits = config.limits
+        self._admin = asyncio.Lock()  # one policy switch at a time: a RAMSIS one may generate MDPs for seconds
 
     async def start(self) -> None:
         """Connect to every configured worker (they must be ready), then build the logical models."""
@@ -117,9 +94,9 @@ class Sidecar:
         """A logical model the front ends may call; NOT_FOUND otherwise."""
         info = self.infos.get(name)
         if info is None:
-            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
+            raise UnknownModel(f"Request for unknown model: {quote(name)} is not found")
         if version not in ("", MODEL_VERSION):
-            raise UnknownModel(f"Request for unknown model: '{name}' version {version} is not found")
+            raise UnknownModel(f"Request for unknown model: {quote(name)} version {quote(version)} is not found")
         return info
 
     async def infer(self, name: str, rows: dict[str, bytes], slo_us: int, budget_us: int | None = None) -> Answer:
@@ -171,17 +148,33 @@ class Sidecar:
         if token != self.config.admin_token:
             raise PermissionDenied("wrong or missing admin token")
 
-    def set_policy(self, name: str, policy: str, options: dict | None = None) -> dict[str, str]:
-        """Switch a model's policy without a restart; its queue is kept."""
+    async def set_policy(self, name: str, policy: str, options: object = None) -> dict[str, str]:
+        """Switch a model's policy without a restart; its queue is kept.
+
+        The new policy is checked as the config file's would be, and built off the event loop (building
+        can take seconds: RAMSIS generates its MDP policies), so requests keep flowing meanwhile.
+        """
         self.model(name)
         model = self.models[name]
-        spec = next(s for s in self.config.models if s.name == name)
+        options = {} if options is None else options
+        if not isinstance(options, dict):
+            raise InvalidRequest(f"'options' must be an object, got {quote(options)}")
+        files = sorted(set(options) & getattr(POLICIES.get(policy), "file_options", frozenset()))
+        if files:
+            raise InvalidRequest(f"options {files} name files on the sidecar's machine; set them in its config file")
         try:
-            new = _policy(spec, model.profile, policy, options or {})
-        except (TypeError, ValueError) as exc:
+            spec = replace(next(s for s in self.config.models if s.name == name), policy=policy,
+                           policy_options=options)
+        except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
-        assert self.driver is not None
-        old = self.driver.set_policy(name, new).name
+        async with self._admin:
+            try:
+                new = await asyncio.get_running_loop().run_in_executor(
+                    None, _policy, spec, model.profile, spec.policy, spec.policy_options)
+            except (TypeError, ValueError, ArithmeticError) as exc:
+                raise InvalidRequest(f"policy {quote(policy)}: {exc}") from None
+            assert self.driver is not None
+            old = self.driver.set_policy(name, new).name
         model.stats.policy(old, policy)
         log.info("model %s: policy %s -> %s", name, old, policy)
         return {"model": name, "old": old, "policy": policy}

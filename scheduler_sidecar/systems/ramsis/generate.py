@@ -148,6 +148,8 @@ def load_set(directory: Path | str) -> list[RamsisPolicy]:
         raise ValueError(f"{directory}: no {INDEX_FILE}; generate it with `accscale ramsis generate`") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{directory / INDEX_FILE}: not JSON ({exc})") from None
+    except OSError as exc:  # not a directory, unreadable
+        raise ValueError(f"{directory}: cannot read {INDEX_FILE} ({exc.strerror})") from None
     try:
         files = [e["file"] for e in index["policies"]]
     except (KeyError, TypeError):

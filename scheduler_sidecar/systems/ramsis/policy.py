@@ -80,6 +80,7 @@ class Ramsis(Policy):
     """
 
     name = "ramsis"
+    file_options = frozenset({"policy_dir"})
 
     def __init__(self, profile: Profile, *, policy_dir: str | Path | None = None, slo_ms: float | None = None,
                  workers: int | None = None, loads: Sequence[float] | str | None = None,
