@@ -58,7 +58,7 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             model = self.sidecar.model(request.model_name, request.model_version)
             params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
                       if v.WhichOneof("parameter_choice")}
-            outputs = [OutputIn(o.name) for o in request.outputs] or None
+            outputs = [OutputIn(o.name) for o in request.outputs]
             checked = parse_request(model, params, _inputs(request), outputs, self.sidecar.limits)
             remaining = context.time_remaining()
             answer = await self.sidecar.infer(model.name, checked.rows, checked.slo_us,

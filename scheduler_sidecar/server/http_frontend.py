@@ -244,9 +244,11 @@ def _parameters(tensor: dict, what: str) -> dict:
 async def start(sidecar: Sidecar, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start the HTTP server; returns its runner and the port it bound (``port`` 0 picks a free one)."""
     # handler_cancellation: a client that disconnects cancels its handler, which frees its queue entry
-    # keepalive_timeout also closes a connection whose request headers never finish (aiohttp arms it on connect)
+    # keepalive_timeout also closes a connection whose request headers never finish (aiohttp arms it on
+    # connect); lingering_time bounds how long the rest of a refused or stalled body is drained
     runner = web.AppRunner(Routes(sidecar).app(), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=sidecar.config.idle_timeout_s)
+                           keepalive_timeout=sidecar.config.idle_timeout_s,
+                           lingering_time=sidecar.config.read_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -112,7 +112,7 @@ def parse_request(model: ModelInfo, parameters: Mapping[str, object], inputs: It
     missing = sorted(set(model.inputs) - set(rows))
     if missing:
         raise InvalidRequest(f"model {quote(model.name)} expects inputs {missing}")
-    if outputs is None:
+    if not outputs:  # none named: every output, as Triton answers
         wanted = tuple((name, binary_default) for name in model.outputs)
     else:
         wanted = tuple(_output(model, o, binary_default) for o in outputs)

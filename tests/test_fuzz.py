@@ -1,0 +1,298 @@
+"""Hostile clients against a real sidecar in front of a real Triton.
+
+Hypothesis generates a few thousand requests over HTTP and gRPC: well-formed ones with one part
+replaced by arbitrary JSON or protobuf values, random and cut-off bodies, lying lengths, hostile
+but legal values (NaN pixels, the largest SLO allowed). Meanwhile a bystander sends well-formed
+requests without pause. Checked: every request gets an answer; an error is always an explicit
+client error (HTTP 4xx with a JSON ``error``, or INVALID_ARGUMENT / NOT_FOUND /
+RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED), never a 500 or UNKNOWN; a request that is certainly
+malformed is refused; every bystander request is answered; and afterwards the sidecar is ready,
+has marked no worker down and still answers. Oversized and stalled requests are tried too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import threading
+import urllib.request
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from scheduler_sidecar.server.serve import SidecarServer
+from tests.test_sidecar import metric, metrics
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+EXAMPLES = 1200  # generated requests per protocol
+LIMIT = 1 << 20  # the fuzzed sidecar's max_request_bytes
+READ_TIMEOUT_S, IDLE_TIMEOUT_S = 0.5, 1.0
+SHAPE = [1, 1, 16, 16]
+PIXELS = 256
+GOOD_SLO_US = 10_000_000  # the bystander's: answered, never dropped, however busy the fuzzing keeps the box
+CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                 grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+@pytest.fixture(scope="module")
+def sidecar(fast_build, triton, tmp_path_factory):
+    config = tmp_path_factory.mktemp("fuzz") / "sidecar.toml"
+    config.write_text(f"max_request_bytes = {LIMIT}\nread_timeout_s = {READ_TIMEOUT_S}\n"
+                      f"idle_timeout_s = {IDLE_TIMEOUT_S}\n\n[[models]]\nname = \"digits\"\n"
+                      f"profile = \"{fast_build.profile_path}\"\n")
+    with SidecarServer(workers=[triton.grpc_url], config=config) as server:
+        yield server
+
+
+class Bystander:
+    """A well-formed client sending without pause on its own thread; every answer is checked."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.answered, self.failures = 0, []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        tensor = grpcclient.InferInput("INPUT", SHAPE, "FP32")
+        tensor.set_data_from_numpy(np.random.default_rng(0).normal(size=SHAPE).astype(np.float32))
+        with grpcclient.InferenceServerClient(self.url) as client:
+            while not self.stop.is_set():
+                try:
+                    logits = client.infer("digits", [tensor], parameters={"slo_us": GOOD_SLO_US}).as_numpy("LOGITS")
+                    assert logits.shape == (1, 10) and np.isfinite(logits).all()
+                    self.answered += 1
+                except Exception as exc:  # noqa: BLE001 - every failure is reported by the test
+                    self.failures.append(repr(exc))
+
+    def __enter__(self) -> Bystander:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        assert self.failures == [] and self.answered > 0
+
+
+# ----------------------------------------------------------------------------- what the fuzzers send
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30) | st.floats()
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12)
+pixels = st.lists(st.floats(width=32), min_size=PIXELS, max_size=PIXELS)  # NaN and infinities included
+
+
+def good_body(data: list[float] | None = None, slo_us: object = GOOD_SLO_US) -> dict:
+    return {"id": "fuzz", "parameters": {"slo_us": slo_us},
+            "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": list(SHAPE), "data": data or [0.0] * PIXELS}],
+            "outputs": [{"name": "LOGITS", "parameters": {"binary_data": False}}]}
+
+
+# paths into good_body(); a replacement at the ones marked True is malformed whatever it is (unless equal)
+PATHS = {("parameters",): False, ("parameters", "slo_us"): False, ("parameters", "binary_data_output"): False,
+         ("id",): False, ("inputs",): True, ("inputs", 0): True, ("inputs", 0, "name"): True,
+         ("inputs", 0, "datatype"): True, ("inputs", 0, "shape"): True, ("inputs", 0, "data"): True,
+         ("inputs", 0, "parameters"): False, ("outputs",): False, ("outputs", 0): False,
+         ("outputs", 0, "name"): True, ("outputs", 0, "parameters"): False}
+
+
+@st.composite
+def http_requests(draw) -> tuple[bytes, dict[str, str], bool]:
+    """(body, headers, certainly malformed)."""
+    kind = draw(st.sampled_from(["replace", "replace", "replace", "legal", "bytes", "cut", "binary"]))
+    if kind == "legal":  # hostile values a well-formed request may carry: they reach Triton and its batch-mates
+        slo = draw(st.sampled_from([GOOD_SLO_US, 60_000_000, 60_000_000.0]))
+        return json.dumps(good_body(draw(pixels), slo)).encode(), {}, False
+    if kind == "bytes":
+        return draw(st.binary(max_size=300)), {}, True
+    if kind == "cut":
+        text = json.dumps(good_body()).encode()
+        return text[:draw(st.integers(0, len(text) - 1))], {}, True
+    if kind == "binary":  # the binary-tensor extension with lying sizes
+        body = good_body()
+        size = draw(st.integers(-5, 2 * PIXELS * 4))
+        del body["inputs"][0]["data"]
+        body["inputs"][0]["parameters"] = {"binary_data_size": size}
+        header = json.dumps(body).encode()
+        tail = draw(st.binary(min_size=0, max_size=2 * PIXELS * 4))
+        length = draw(st.sampled_from([str(len(header)), str(len(header) + draw(st.integers(-20, 20))), "x", "-1"]))
+        malformed = not (size == len(tail) == PIXELS * 4 and length == str(len(header)))
+        return header + tail, {"Inference-Header-Content-Length": length}, malformed
+    path, certain = draw(st.sampled_from(sorted(PATHS.items(), key=str)))
+    body = good_body()
+    parent = body
+    for key in path[:-1]:
+        parent = parent[key]
+    value = draw(json_values)
+    old = parent[path[-1]] if isinstance(parent, list) else parent.get(path[-1])
+    changed = json.dumps(value) != json.dumps(old)
+    parent[path[-1]] = value
+    return json.dumps(body).encode(), {}, certain and changed
+
+
+@st.composite
+def grpc_requests(draw) -> tuple[pb.ModelInferRequest, bool]:
+    """(request, certainly malformed)."""
+    if draw(st.sampled_from(["legal", "random", "random"])) == "legal":  # well-formed, hostile values
+        request = pb.ModelInferRequest(model_name="digits")
+        request.inputs.add(name="INPUT", datatype="FP32", shape=SHAPE)
+        request.raw_input_contents.append(np.asarray(draw(pixels), np.float32).tobytes())
+        slo = draw(st.sampled_from([GOOD_SLO_US, 60_000_000]))
+        if draw(st.booleans()):
+            request.parameters["slo_us"].int64_param = slo
+        else:
+            request.parameters["slo_us"].double_param = float(slo)
+        return request, False
+    malformed = False
+    name = draw(st.sampled_from(["digits", "digits", "digits", "", "nope", "d" * 100_000]))
+    malformed |= name != "digits"
+    request = pb.ModelInferRequest(model_name=name, model_version=draw(st.sampled_from(["", "", "1", "2"])))
+    malformed |= request.model_version == "2"
+    for key in draw(st.lists(st.sampled_from(["slo_us", "binary_data_output", "other"]), max_size=3, unique=True)):
+        field, value = draw(st.one_of(
+            st.tuples(st.just("int64_param"), st.integers(-(2**63), 2**63 - 1)),
+            st.tuples(st.just("double_param"), st.floats()),
+            st.tuples(st.just("string_param"), st.text(max_size=20)),
+            st.tuples(st.just("bool_param"), st.booleans())))
+        setattr(request.parameters[key], field, value)
+    n_inputs = draw(st.sampled_from([1, 1, 1, 0, 2]))
+    malformed |= n_inputs != 1
+    raw = draw(st.booleans())
+    for _ in range(n_inputs):
+        tensor = request.inputs.add(name=draw(st.sampled_from(["INPUT", "INPUT", "EXTRA", ""])),
+                                    datatype=draw(st.sampled_from(["FP32", "FP32", "FP64", "INT8", "BYTES", "??"])))
+        shape = draw(st.sampled_from([SHAPE, SHAPE, [2, 1, 16, 16], [1, 256], []]) | st.lists(
+            st.integers(-(2**63), 2**63 - 1), max_size=5))
+        tensor.shape.extend(shape)
+        malformed |= tensor.name != "INPUT" or tensor.datatype != "FP32" or list(shape) != SHAPE
+        if raw:
+            size = draw(st.sampled_from([PIXELS * 4, PIXELS * 4, 0, 7, PIXELS * 8]))
+            request.raw_input_contents.append(np.full(size // 4, draw(st.floats(width=32)), np.float32).tobytes()
+                                              + b"\0" * (size % 4))
+            malformed |= size != PIXELS * 4
+        else:
+            count = draw(st.sampled_from([PIXELS, PIXELS, 0, 1, PIXELS + 1]))
+            tensor.contents.fp32_contents.extend([draw(st.floats(width=32))] * count)
+            malformed |= count != PIXELS
+    if draw(st.booleans()):
+        request.outputs.add(name=draw(st.sampled_from(["LOGITS", "LOGITS", "PROBS", ""])))
+        malformed |= request.outputs[0].name != "LOGITS"
+    return request, malformed
+
+
+def _http(sidecar, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection(sidecar.host, sidecar.http_port, timeout=30)
+    try:
+        connection.request("POST", "/v2/models/digits/infer", body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _healthy_after(sidecar) -> None:
+    assert psutil.pid_exists(sidecar.pid)
+    with urllib.request.urlopen(f"http://{sidecar.http_url}/v2/health/ready") as response:
+        assert response.status == 200
+    text = metrics(sidecar)
+    assert metric(text, "accscale_worker_failures_total") == 0 and metric(text, "accscale_worker_healthy") == 1
+    with grpcclient.InferenceServerClient(sidecar.grpc_url) as client:
+        tensor = grpcclient.InferInput("INPUT", SHAPE, "FP32")
+        tensor.set_data_from_numpy(np.zeros(SHAPE, np.float32))
+        assert client.infer("digits", [tensor]).as_numpy("LOGITS").shape == (1, 10)
+
+
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                suppress_health_check=list(HealthCheck))
+
+
+def test_http_fuzz(sidecar):
+    seen = {"answered": 0, "refused": 0}
+
+    @FUZZ
+    @given(http_requests())
+    def one(case):
+        body, headers, malformed = case
+        status, reply = _http(sidecar, body, headers)
+        assert status == 200 or 400 <= status < 500, (status, reply[:300])
+        if status == 200:
+            assert not malformed, body[:300]
+            (output,) = json.loads(reply)["outputs"]
+            assert output["name"] == "LOGITS" and len(output["data"]) == 10
+            seen["answered"] += 1
+        else:
+            assert isinstance(json.loads(reply)["error"], str)
+            seen["refused"] += 1
+
+    with Bystander(sidecar.grpc_url):
+        one()
+    assert seen["answered"] >= 10 and seen["refused"] >= 500  # both kinds were really exercised
+    _healthy_after(sidecar)
+
+
+def test_grpc_fuzz(sidecar):
+    seen = {"answered": 0, "refused": 0}
+    channel = grpc.insecure_channel(sidecar.grpc_url, options=[("grpc.max_send_message_length", -1)])
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+    @FUZZ
+    @given(grpc_requests())
+    def one(case):
+        request, malformed = case
+        try:
+            response = stub.ModelInfer(request, timeout=30)
+        except grpc.RpcError as exc:
+            assert exc.code() in CLIENT_ERRORS, (exc.code(), exc.details()[:300])
+            assert len(exc.details()) < 1000  # a 100 KB name is not echoed back
+            seen["refused"] += 1
+            return
+        assert not malformed, str(request)[:300]
+        assert len(response.raw_output_contents) == 1 and len(response.raw_output_contents[0]) == 40
+        seen["answered"] += 1
+
+    with Bystander(sidecar.grpc_url), contextlib.closing(channel):
+        one()
+    assert seen["answered"] >= 10 and seen["refused"] >= 500
+    _healthy_after(sidecar)
+
+
+def test_oversized_requests_are_refused_unread(sidecar):
+    status, reply = _http(sidecar, b"{" + b" " * LIMIT + b"}", {})
+    assert status == 413 and "error" in json.loads(reply)
+    with grpc.insecure_channel(sidecar.grpc_url, options=[("grpc.max_send_message_length", -1)]) as channel:
+        request = pb.ModelInferRequest(model_name="digits", raw_input_contents=[b"\0" * LIMIT])
+        with pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _healthy_after(sidecar)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_stalled_body_gets_408_and_unfinished_headers_are_cut_off(sidecar):
+    with socket.create_connection((sidecar.host, sidecar.http_port), timeout=30) as sock:
+        sock.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
+        reply = _read_all(sock)  # the server answers, then closes: recv returns b"" well before the 30 s timeout
+    assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within" in reply
+    with socket.create_connection((sidecar.host, sidecar.http_port), timeout=30) as sock:
+        sock.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\n")
+        assert _read_all(sock) == b""  # closed without an answer: there was no request to answer
+    _healthy_after(sidecar)
