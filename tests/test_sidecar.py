@@ -235,6 +235,11 @@ def test_policy_switch_is_guarded_and_takes_effect(sidecar, images):
     assert admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "maxacc"}, token="wrong")[0] == 403
     status, body = admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "nosuch"})
     assert status == 400 and "unknown policy" in body["error"]
+    for options, message in (({"overhead_us": -100_000_000}, "overhead_us must be"), ({"num_buckets": "x"}, "slackfit"),
+                             ("fast", "'options' must be an object"), ({"policy_dir": "/etc"}, "config file")):
+        policy = "ramsis" if "policy_dir" in options else "slackfit"
+        status, body = admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": policy, "options": options})
+        assert status == 400 and message in body["error"], body
     try:
         status, body = admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "maxacc"})
         assert status == 200 and body == {"model": "digits", "old": "slackfit", "policy": "maxacc"}
