@@ -45,8 +45,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        response = _error(exc.status, exc.reason)
-        if exc.status == web.HTTPRequestTimeout.status_code:  # what is left of a stalled body is not read
+        response = _error(exc.status, exc.text if exc.status == 413 else exc.reason)
+        if exc.status in (408, 413):  # what is left of a stalled or oversized body is not waited for
             response.force_close()
         return response
     except Exception as exc:  # a bug: logged, and still a JSON answer
@@ -141,6 +141,9 @@ class Routes:
     # ---------------------------------------------------------------- admin
     async def _read(self, request: web.Request) -> bytes:
         """The request's body, which must arrive within ``read_timeout_s`` (a client that stalls is cut off)."""
+        limit = self.sidecar.limits.max_request_bytes
+        if request.content_length is not None and request.content_length > limit:  # refused before it is read
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
         timeout_s = self.sidecar.config.read_timeout_s
         try:
             return await asyncio.wait_for(request.read(), timeout_s)

@@ -22,6 +22,7 @@ from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import Worker
 from scheduler_sidecar.server.config import ModelSpec, SidecarConfig
+from scheduler_sidecar.server.memory import trim_freed_memory
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
 from scheduler_sidecar.server.protocol import ModelInfo, quote
 from scheduler_sidecar.systems import POLICIES, make_policy
@@ -45,6 +46,7 @@ class Sidecar:
         self.infos: dict[str, ModelInfo] = {}  # what the front ends see of each model
         self.driver: LiveDriver | None = None
         self.limits = config.limits
+        self._trimmer: asyncio.Task | None = None
         self._admin = asyncio.Lock()  # one policy switch at a time: a RAMSIS one may generate MDPs for seconds
 
     async def start(self) -> None:
@@ -68,9 +70,13 @@ class Sidecar:
             await self._add_slots(worker)
         self.pool.on_change(self._worker_changed)
         self.pool.start()
+        self._trimmer = asyncio.get_running_loop().create_task(trim_freed_memory())
         log.info("serving %s over %d worker(s)", sorted(self.models), len(self.pool.workers))
 
     async def close(self) -> None:
+        if self._trimmer is not None:
+            self._trimmer.cancel()
+            await asyncio.gather(self._trimmer, return_exceptions=True)
         if self.driver is not None:
             await self.driver.close()
         await self.pool.close()
