@@ -20,7 +20,7 @@ from scheduler_sidecar.errors import (
 )
 from scheduler_sidecar.live.driver import LiveDriver, LiveModel, ModelOptions, now_us
 from scheduler_sidecar.live.tensors import TensorSpec
-from scheduler_sidecar.live.workers import FakeWorker, InferCall
+from scheduler_sidecar.live.workers import FakeWorker, Health, InferCall
 from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
@@ -387,7 +387,8 @@ def test_a_policy_loads_a_model_on_a_real_triton_and_no_request_is_lost(tmp_path
 
     async def main(url: str):
         triton = TritonWorker(url)
-        assert await triton.ready(["m3"], 5.0) and not await triton.ready(["m2"], 5.0)
+        assert await triton.ready(["m3"], 5.0) is Health.READY
+        assert await triton.ready(["m2"], 5.0) is Health.NOT_READY
         driver, (model,) = make_driver(policies={"m": make_mover()}, clock=now_us)
         driver.add_worker(triton, 1, resident=frozenset({"m3"}))
         calls = [asyncio.ensure_future(model.infer(row(i, 1), 60_000_000)) for i in range(4)]
@@ -396,7 +397,8 @@ def test_a_policy_loads_a_model_on_a_real_triton_and_no_request_is_lost(tmp_path
         answers = await asyncio.gather(*calls)
         assert sorted(logits(a)[0] for a in answers) == [1, 2, 3, 4]
         assert {logits(a)[1] for a in answers} == {2.0}  # served by m2, loaded meanwhile
-        assert await triton.ready(["m2"], 5.0) and not await triton.ready(["m3"], 5.0)
+        assert await triton.ready(["m2"], 5.0) is Health.READY
+        assert await triton.ready(["m3"], 5.0) is Health.NOT_READY
         await driver.close()
         await triton.close()
 

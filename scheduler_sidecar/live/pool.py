@@ -1,8 +1,13 @@
 """The Triton workers the sidecar dispatches to, and the poller that keeps their health current.
 
-Health is ``ServerReady`` plus ``ModelReady`` of every model the sidecar uses, polled every
-``interval_s``; a lost batch marks its worker down at once, and a later successful poll brings
-it back. Listeners (the live driver) hear of every change.
+Health is ``ServerReady`` plus ``ModelReady`` of every model the sidecar uses, checked every
+``interval_s``. A worker that says it is not ready, or cannot be reached, is down at once; so
+is one whose batch found it gone (the driver calls :meth:`WorkerPool.mark_down`). A check that
+gets no answer in time proves nothing: on a saturated machine the worker, or the sidecar's own
+event loop, answers late while batches still flow. So a worker is down for silence only after
+``timeouts_to_down`` checks in a row without an answer *and* without any batch answered in
+between; overload is shed by the policy and the queue limit, never by declaring workers dead. A
+later good check brings a worker back. Listeners (the live driver) hear of every change.
 """
 
 from __future__ import annotations
@@ -11,22 +16,27 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
-from scheduler_sidecar.live.workers import TritonWorker, Worker
+from scheduler_sidecar.live.workers import Health, TritonWorker, Worker
 
 log = logging.getLogger(__name__)
+
+TIMEOUTS_TO_DOWN = 3  # silent checks in a row, with no batch answered meanwhile, before a worker is down
 
 
 class WorkerPool:
     """The workers, their health, and who to tell when it changes."""
 
     def __init__(self, models: Iterable[str], *, interval_s: float = 0.5, timeout_s: float = 1.0,
-                 connect: Callable[[str], Worker] = TritonWorker) -> None:
+                 timeouts_to_down: int = TIMEOUTS_TO_DOWN, connect: Callable[[str], Worker] = TritonWorker) -> None:
         self.models = tuple(sorted(set(models)))  # Triton models every worker must have ready
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.timeouts_to_down = timeouts_to_down
         self.connect = connect
         self.workers: list[Worker] = []
         self.healthy: dict[str, bool] = {}  # url -> what the last check or batch saw
+        self._silent: dict[str, int] = {}  # url -> checks in a row that got no answer while no batch was answered
+        self._answered: dict[str, int] = {}  # url -> the worker's answered count at the last check
         self._listeners: list[Callable[[Worker, bool], None]] = []
         self._poller: asyncio.Task | None = None
 
@@ -40,13 +50,15 @@ class WorkerPool:
         worker = self.connect(url)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + wait_s
-        while not await worker.ready(self.models, self.timeout_s):
+        while (health := await worker.ready(self.models, self.timeout_s)) is not Health.READY:
             if loop.time() >= give_up:
                 await worker.close()
-                raise ValueError(f"Triton at {url} is not ready (server and models {list(self.models)})")
+                raise ValueError(f"Triton at {url} is not ready (server and models {list(self.models)}): "
+                                 f"{health.value}")
             await asyncio.sleep(0.2)
         self.workers.append(worker)
         self.healthy[url] = True
+        self._silent[url], self._answered[url] = 0, worker.answered
         log.info("worker %s ready", url)
         return worker
 
@@ -67,14 +79,27 @@ class WorkerPool:
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            workers = list(self.workers)
-            states = await asyncio.gather(*(w.ready(self.models, self.timeout_s) for w in workers))
-            for worker, ready in zip(workers, states):
-                if ready and not self.healthy[worker.url]:
-                    log.info("worker %s is back", worker.url)
+            await self.check()
+
+    async def check(self) -> None:
+        """One health check of every worker (the poller runs one every ``interval_s``)."""
+        workers = list(self.workers)
+        states = await asyncio.gather(*(w.ready(self.models, self.timeout_s) for w in workers))
+        for worker, health in zip(workers, states):
+            url = worker.url
+            progress, self._answered[url] = worker.answered != self._answered[url], worker.answered
+            if health is Health.READY:
+                self._silent[url] = 0
+                if not self.healthy[url]:
+                    log.info("worker %s is back", url)
                     self._set(worker, True)
-                elif not ready:
-                    self.mark_down(worker, "health check failed")
+            elif health is Health.NO_ANSWER:
+                self._silent[url] = 0 if progress else self._silent[url] + 1
+                if self._silent[url] >= self.timeouts_to_down:
+                    self.mark_down(worker, f"{self._silent[url]} health checks in a row got no answer within "
+                                           f"{self.timeout_s:g} s, and no batch was answered meanwhile")
+            else:
+                self.mark_down(worker, f"health check: {health.value}")
 
     def _set(self, worker: Worker, healthy: bool) -> None:
         self.healthy[worker.url] = healthy

@@ -9,6 +9,7 @@ gone (the batch may be retried elsewhere), :class:`WorkerFailed` when it answere
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -20,8 +21,14 @@ from tritonclient.grpc import service_pb2_grpc
 from scheduler_sidecar.errors import Code, WorkerError, WorkerFailed, WorkerLost
 from scheduler_sidecar.live.tensors import DTYPES, TensorSpec
 
-# tritonclient sends up to 2 GiB; the default 4 MiB limit would fail large batches
-CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+CHANNEL_OPTIONS = [
+    # tritonclient sends up to 2 GiB; the default 4 MiB limit would fail large batches
+    ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+    # a worker that restarts is reached again within about a second: gRPC's default reconnect backoff
+    # grows to 120 s, and a Triton back after a 90 s outage was seen only 26 s later
+    ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 # worker errors that mean the worker is gone (its batch is retried elsewhere); others are relayed
 LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
 MODEL_CONTROL_TIMEOUT_S = 120.0  # a model load may compile or read large weights
@@ -51,8 +58,19 @@ class ModelDescription:
     instances: int
 
 
+class Health(enum.Enum):
+    """What one health check of a worker found."""
+
+    READY = "ready"
+    NOT_READY = "not ready"  # the server answered: it, or a model the sidecar needs, is not ready
+    UNREACHABLE = "unreachable"  # no connection: the server is gone
+    # the check timed out: a dead server, or a busy one (or a busy sidecar) that answers late; inconclusive
+    NO_ANSWER = "no answer"
+
+
 class Worker(Protocol):
     url: str
+    answered: int  # RPCs the worker has answered successfully: a batch served is a sign of life too
 
     async def infer(self, call: InferCall, timeout_s: float) -> list[dict[str, bytes]]:
         """The output rows of each query (output name -> raw bytes); raises WorkerLost or WorkerFailed."""
@@ -61,8 +79,8 @@ class Worker(Protocol):
 
     async def unload(self, model: str) -> None: ...
 
-    async def ready(self, models: Iterable[str], timeout_s: float) -> bool:
-        """Server ready and every named model ready."""
+    async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
+        """Whether the server and every named model are ready."""
 
     async def describe(self, model: str) -> ModelDescription: ...
 
@@ -86,6 +104,7 @@ class TritonWorker:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.answered = 0
         self._channel = grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
 
@@ -99,6 +118,7 @@ class TritonWorker:
             response = await self.stub.ModelInfer(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise _worker_error(self.url, exc) from exc
+        self.answered += 1
         return split_rows(self.url, call, response)
 
     async def load(self, model: str) -> None:
@@ -113,16 +133,19 @@ class TritonWorker:
         except grpc.aio.AioRpcError as exc:
             raise _worker_error(self.url, exc) from exc
 
-    async def ready(self, models: Iterable[str], timeout_s: float) -> bool:
+    async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
         try:
             if not (await self.stub.ServerReady(pb.ServerReadyRequest(), timeout=timeout_s)).ready:
-                return False
+                return Health.NOT_READY
             for name in models:
                 if not (await self.stub.ModelReady(pb.ModelReadyRequest(name=name), timeout=timeout_s)).ready:
-                    return False
-        except grpc.aio.AioRpcError:
-            return False
-        return True
+                    return Health.NOT_READY
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                return Health.NO_ANSWER
+            return Health.UNREACHABLE if exc.code() in LOST else Health.NOT_READY
+        self.answered += 1
+        return Health.READY
 
     async def describe(self, model: str) -> ModelDescription:
         try:
@@ -180,7 +203,8 @@ class FakeWorker:
     description: ModelDescription | None = None
     gate: asyncio.Event | None = None
     fail_with: WorkerError | None = None
-    healthy: bool = True
+    health: Health = Health.READY
+    answered: int = 0
     calls: list[InferCall] = field(default_factory=list)
     control: list[tuple[str, str]] = field(default_factory=list)  # ("load" | "unload", model), in order
     running: int = 0
@@ -195,7 +219,9 @@ class FakeWorker:
                 await self.gate.wait()
             if self.fail_with is not None:
                 raise self.fail_with
-            return self.compute(call)
+            rows = self.compute(call)
+            self.answered += 1
+            return rows
         finally:
             self.running -= 1
 
@@ -207,8 +233,8 @@ class FakeWorker:
     async def unload(self, model: str) -> None:
         self.control.append(("unload", model))
 
-    async def ready(self, models: Iterable[str], timeout_s: float) -> bool:
-        return self.healthy
+    async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
+        return self.health
 
     async def describe(self, model: str) -> ModelDescription:
         if self.description is None:
