@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +97,36 @@ def test_stop_leaves_no_processes(repository: Path, tmp_path: Path) -> None:
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
     assert server.pid is None
     assert server.returncode == 0
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from scheduler_sidecar.live.triton_launcher import TritonServer
+server = TritonServer(repository=Path(sys.argv[1]))
+server.start()
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_dies_with_a_parent_killed_from_outside(repository: Path) -> None:
+    """A parent killed with SIGKILL (a CI timeout) leaves no tritonserver or stub behind, re-parented to init."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(repository)], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        server = psutil.Process(int(parent.stdout.readline()))
+        procs = [server, *server.children(recursive=True)]
+        assert any("triton_python_backend_stub" in " ".join(p.cmdline()) for p in procs)
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+    _, alive = psutil.wait_procs(procs, timeout=30)
+    orphans = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    for p in orphans:  # stop what this test started, even when it fails
+        p.kill()
+    assert orphans == []
 
 
 def test_broken_model_fails_start_with_triton_log(tmp_path: Path) -> None:

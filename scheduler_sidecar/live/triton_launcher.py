@@ -31,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from scheduler_sidecar.live import die_with_parent
+
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11
 
@@ -262,7 +264,7 @@ class TritonServer:
             # Its own session: a Ctrl-C in our terminal does not reach it (stop() decides), and one
             # signal to the group reaches the server and the stubs it forks.
             self._proc = subprocess.Popen(
-                self._command(install),
+                die_with_parent.wrap(self._command(install)),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from scheduler_sidecar.live import die_with_parent
 from scheduler_sidecar.live.triton_launcher import free_port, log_tail, wait_http_ready
 from scheduler_sidecar.server import config as sidecar_config
 
@@ -128,8 +129,8 @@ class SidecarServer:
 
     def start(self) -> None:
         with open(self.log_path, "wb") as out:
-            self._proc = subprocess.Popen([sys.executable, *self._python_args, "-m", "scheduler_sidecar.cli", "serve",
-                                           *self._args],
+            self._proc = subprocess.Popen(die_with_parent.wrap([sys.executable, *self._python_args, "-m",
+                                                                "scheduler_sidecar.cli", "serve", *self._args]),
                                           stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         failure = wait_http_ready(self._proc, self.http_url, self._ready_timeout_s)
         if failure:
