@@ -326,13 +326,18 @@ def test_serve_refuses_a_bad_config_with_a_clear_error(tmp_path, triton):
     assert result.returncode == 2 and "unknown keys ['colour']" in result.stderr
 
 
-def test_sigterm_stops_the_sidecar(fast_build, triton):
+def test_sigterm_stops_the_sidecar_cleanly(fast_build, triton, images):
     server = SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path)
     server.start()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.infer("digits", [grpc_input(images[:1])], parameters=SLO)
     proc = server._proc
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
     server.stop()
+    log = server.log_path.read_text()
+    server.log_path.unlink()
+    assert "stopping" in log and "Error in sys.excepthook" not in log and "Traceback" not in log, log
 
 
 def test_ramsis_serves_separate_triton_models_live(fast_build, triton, images, tmp_path):

@@ -71,9 +71,16 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(config: sidecar_config.SidecarConfig) -> None:
     """Run the sidecar until SIGINT or SIGTERM."""
+    import grpc
+
     from scheduler_sidecar.server import grpc_frontend, http_frontend
     from scheduler_sidecar.server.service import Sidecar
 
+    # gRPC 1.67 tears its asyncio layer down when the last gRPC object goes, which here happens while
+    # the interpreter is finalizing, and prints an empty "Error in sys.excepthook" on every exit
+    # (grpc/grpc#38679, fixed in 1.75). One reference of our own for the process's life keeps that
+    # teardown from running.
+    grpc.aio.init_grpc_aio()
     sidecar = Sidecar(config)
     await sidecar.start()
     grpc_server, grpc_port = await grpc_frontend.start(sidecar, config.host, config.grpc_port)
