@@ -131,6 +131,12 @@ class SupernetRunner:
     def _feeds(self, subnet: int) -> dict[str, np.ndarray]:
         return self._feed_cache[subnet]
 
+    def warm_up(self, images: np.ndarray) -> int:
+        """Run every calibrated subnet once on ``images``; returns the number of runs."""
+        for subnet in range(len(self.table.rows)):
+            self.run(images, np.full(len(images), subnet, dtype=np.int64))
+        return len(self.table.rows)
+
 
 class StaticRunner:
     """Runs one statically exported variant."""
@@ -140,3 +146,7 @@ class StaticRunner:
 
     def run(self, images: np.ndarray, subnet_of_row: np.ndarray | None = None) -> np.ndarray:
         return self.session.run(["LOGITS"], {"INPUT": images})[0]
+
+    def warm_up(self, images: np.ndarray) -> int:
+        self.run(images)
+        return 1

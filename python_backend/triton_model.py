@@ -10,6 +10,7 @@ gets INVALID_ARGUMENT and the other requests of the same dynamic batch are still
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,24 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.runner = RUNNERS[kind](version_dir, threads=int(params.get("intra_op_threads", "1")))
         self.has_control = kind == "supernet"
+        self._warm_up(config)
+
+    def _warm_up(self, config: dict) -> None:
+        """Run every variant at every power-of-two batch size up to the maximum before Triton calls us ready.
+
+        A subnet's first calls at a batch shape ran several times their profiled latency (onnxruntime
+        plans memory per shape, the stub maps new shared memory), so requests sent right after "ready"
+        missed deadlines that later ones met (issue 14). Done here rather than with Triton's
+        ``model_warmup``, which cannot enumerate the subnets a CONTROL tensor selects; it runs once per
+        model instance, each instance having its own session.
+        """
+        (image,) = [t for t in config["input"] if t["name"] == "INPUT"]
+        sizes = [1 << i for i in range(int(config.get("max_batch_size", 1)).bit_length())]
+        start = time.perf_counter()
+        dims = [int(d) for d in image["dims"]]  # int64 fields come as strings in the JSON config
+        runs = sum(self.runner.warm_up(np.zeros((b, *dims), np.float32)) for b in sizes)
+        pb_utils.Logger.log_info(f"{config['name']}: warmed up with {runs} runs (batch sizes {sizes}) "
+                                 f"in {time.perf_counter() - start:.2f} s")
 
     def execute(self, requests: list) -> list:
         images, subnets, sizes, errors = [], [], [], {}

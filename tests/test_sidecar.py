@@ -337,6 +337,7 @@ def test_sigterm_stops_the_sidecar_cleanly(fast_build, triton, images):
     server.stop()
     log = server.log_path.read_text()
     server.log_path.unlink()
+    assert "warmed up ['digits'] with 1 request(s) each" in log  # before it said it was ready
     assert "stopping" in log and "Error in sys.excepthook" not in log and "Traceback" not in log, log
 
 

@@ -185,3 +185,12 @@ def test_profile_validates_and_is_pareto(fast_build):
     assert len(profile.variants) >= 3
     assert all(v.actuation.kind == "supernet" and v.actuation.model == SUPERNET_MODEL for v in profile.variants)
     assert all(v.latency[device].batch_sizes == tuple(range(1, 17)) for v in profile.variants)
+
+
+def test_every_variant_is_warmed_at_every_batch_size_before_ready(fast_build, triton):
+    """Each model instance runs each subnet at batch sizes 1, 2, 4, ..., 64 (max_batch_size) in initialize."""
+    log = triton.log_path.read_text()
+    sizes = "batch sizes [1, 2, 4, 8, 16, 32, 64]"
+    assert f"{SUPERNET_MODEL}: warmed up with {len(fast_build.calibration.candidates) * 7} runs ({sizes})" in log
+    for subnet_id in fast_build.static_ids:
+        assert f"{static_model_name(SUPERNET_MODEL, subnet_id)}: warmed up with 7 runs ({sizes})" in log

@@ -68,10 +68,26 @@ class Sidecar:
                       for m in self.models.values()}
         for worker in self.pool.workers:
             await self._add_slots(worker)
+        await self._warm_up()
         self.pool.on_change(self._worker_changed)
         self.pool.start()
         self._trimmer = asyncio.get_running_loop().create_task(trim_freed_memory())
         log.info("serving %s over %d worker(s)", sorted(self.models), len(self.pool.workers))
+
+    async def _warm_up(self) -> None:
+        """Serve a few requests of zeros through every logical model before the ports open, so ready means ready.
+
+        Right after start, a burst with a 30 ms SLO lost a third of its requests to DEADLINE_EXCEEDED
+        and the same burst a moment later none (issue 14): first requests pay for what no profile
+        shows (the policy building its option tables, the first RPCs on a channel, Triton's first
+        executions). One request per worker slot, at once, and each with the longest SLO allowed.
+        """
+        assert self.driver is not None
+        slots = len(self.driver.slots)
+        for model in self.models.values():
+            rows = {t.name: bytes(t.row_bytes) for t in model.inputs.values()}
+            await asyncio.gather(*(model.infer(rows, self.limits.max_slo_us) for _ in range(slots)))
+        log.info("warmed up %s with %d request(s) each", sorted(self.models), slots)
 
     async def close(self) -> None:
         if self._trimmer is not None:
