@@ -64,3 +64,20 @@ def test_python_311_uses_the_standard_library(tmp_path):
     with pytest.raises(ValueError, match=r"c\.toml: ") as err:
         config.load(path)
     assert not isinstance(err.value, tomllib.TOMLDecodeError)
+
+
+def test_limits_come_from_the_file_and_the_flags_override_them(tmp_path):
+    from scheduler_sidecar.cli import build_parser
+    from scheduler_sidecar.server.serve import config_from_args
+
+    path = tmp_path / "sidecar.toml"
+    path.write_text("max_slo_us = 1000000\nread_timeout_s = 2.5\n" + GOOD)
+    args = build_parser().parse_args(["serve", "--config", str(path), "--max-request-bytes", "4096"])
+    loaded = config_from_args(args)
+    assert (loaded.limits.max_request_bytes, loaded.limits.max_slo_us) == (4096, 1_000_000)
+    assert (loaded.read_timeout_s, loaded.idle_timeout_s) == (2.5, 60.0)
+    for bad, message in (("read_timeout_s = 0", "read_timeout_s must be > 0"),
+                         ("max_slo_us = 100", "default_slo_us 50000 is above max_slo_us")):
+        path.write_text(GOOD.replace("[[models]]", bad + "\n[[models]]"))
+        with pytest.raises(ValueError, match=message):
+            config.load(path)

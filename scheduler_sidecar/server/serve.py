@@ -43,6 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 8101; 0 picks a free one)")
     p.add_argument("--admin-token", help="enable the admin endpoints with this bearer token "
                    "(or set ACCSCALE_ADMIN_TOKEN)")
+    limits = p.add_argument_group("limits on what one client may send (the config keys of the same names)")
+    limits.add_argument("--max-request-bytes", type=int, help="larger requests are refused unread (default 64 MiB)")
+    limits.add_argument("--max-slo-us", type=int, help="largest slo_us accepted (default 60000000)")
+    limits.add_argument("--read-timeout-s", type=float, help="an HTTP body must arrive within this (default 10)")
+    limits.add_argument("--idle-timeout-s", type=float,
+                        help="an idle HTTP connection, or one stuck in its headers, is closed (default 60)")
     p.set_defaults(func=run)
 
 
@@ -60,7 +66,9 @@ def config_from_args(args: argparse.Namespace) -> sidecar_config.SidecarConfig:
                          "in the config file otherwise")
     return sidecar_config.load(
         args.config, models=models, workers=args.workers, host=args.host, http_port=args.http_port,
-        grpc_port=args.grpc_port, admin_token=args.admin_token or os.environ.get("ACCSCALE_ADMIN_TOKEN"))
+        grpc_port=args.grpc_port, admin_token=args.admin_token or os.environ.get("ACCSCALE_ADMIN_TOKEN"),
+        max_request_bytes=args.max_request_bytes, max_slo_us=args.max_slo_us, read_timeout_s=args.read_timeout_s,
+        idle_timeout_s=args.idle_timeout_s)
 
 
 def run(args: argparse.Namespace) -> int:
