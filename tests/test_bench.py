@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from scheduler_sidecar.cli import main
 from scheduler_sidecar.experiments import bench
@@ -62,3 +63,17 @@ def test_optimal_gap_with_no_optimal_solve_reports_no_ratio(monkeypatch, capsys)
     assert out["optimal_instances"] == 0 and len(out["not_optimal"]) == 2
     assert all(x["objective"] is None for x in out["instances"])
     assert set(out["objective_over_optimum"].values()) == {None}
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_overload_bench_accounts_for_every_request_and_loses_none(capsys):
+    out = run_json(capsys, "bench", "overload", "--capacity-s", "1", "--overload-s", "2", "--recovery-s", "2",
+                   "--concurrency", "16", "--json")
+    assert out["capacity_qps"] > 0
+    for phase in ("overload", "recovery"):
+        r = out[phase]
+        assert r["sent"] == r["met"] + r["late"] + sum(r["refused"].values()) + r["lost"] > 0
+        assert set(r["refused"]) <= {"DEADLINE_EXCEEDED", "UNAVAILABLE"}  # explicit refusals only
+    assert out["lost"] == 0 and out["false_worker_down"] == 0
+    assert out["peak_rss_mb"] >= out["rss_start_mb"] > 0

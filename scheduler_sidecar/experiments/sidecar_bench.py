@@ -76,8 +76,8 @@ def trivial_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def measure_profile(url: str, path: Path, repeats: int = 30) -> None:
-    """Profile the trivial model directly (p50/p99 per batch size), as the sidecar's policy needs."""
+def measure_profile(url: str, path: Path, repeats: int = 30, model: str = MODEL) -> None:
+    """Profile a one-input 16x16 model directly (p50/p99 per batch size), as the sidecar's policy needs."""
     import tritonclient.grpc as grpcclient
 
     from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
@@ -90,13 +90,13 @@ def measure_profile(url: str, path: Path, repeats: int = 30) -> None:
             times = []
             for _ in range(repeats + 3):
                 start = time.perf_counter()
-                client.infer(MODEL, [tensor])
+                client.infer(model, [tensor])
                 times.append((time.perf_counter() - start) * 1e3)
             p50.append(float(np.percentile(times[3:], 50)))
             p99.append(float(np.percentile(times[3:], 99)))
     curve = LatencyCurve(PROFILE_BATCHES, tuple(np.maximum.accumulate(p50)), tuple(np.maximum.accumulate(p99)))
-    variant = Variant(MODEL, 1.0, Actuation("model", MODEL), {"cpu": curve})
-    Profile(MODEL, "accscale bench sidecar (measured direct, this run)", (variant,)).save(path)
+    variant = Variant(model, 1.0, Actuation("model", model), {"cpu": curve})
+    Profile(model, "accscale bench (measured direct, this run)", (variant,)).save(path)
 
 
 def perf_analyzer(binary: Path, url: str, window_ms: int, load: list[str], slo_us: int | None) -> dict[str, float]:
