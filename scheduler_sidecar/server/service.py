@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
+from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, RequestError, UnknownModel
 from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
 from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
@@ -80,13 +80,17 @@ class Sidecar:
         Right after start, a burst with a 30 ms SLO lost a third of its requests to DEADLINE_EXCEEDED
         and the same burst a moment later none (issue 14): first requests pay for what no profile
         shows (the policy building its option tables, the first RPCs on a channel, Triton's first
-        executions). One request per worker slot, at once, and each with the longest SLO allowed.
+        executions). One request per worker slot, at once, and each with the longest SLO allowed; one
+        that fails (a queue limit below the slot count) is logged, and the sidecar starts all the same.
         """
         assert self.driver is not None
         slots = len(self.driver.slots)
         for model in self.models.values():
             rows = {t.name: bytes(t.row_bytes) for t in model.inputs.values()}
-            await asyncio.gather(*(model.infer(rows, self.limits.max_slo_us) for _ in range(slots)))
+            answers = await asyncio.gather(*(model.infer(rows, self.limits.max_slo_us) for _ in range(slots)),
+                                           return_exceptions=True)
+            for error in {str(a) for a in answers if isinstance(a, RequestError)}:
+                log.warning("model %s: a warm-up request failed: %s", model.name, error)
         log.info("warmed up %s with %d request(s) each", sorted(self.models), slots)
 
     async def close(self) -> None:
