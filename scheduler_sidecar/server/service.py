@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, RequestError, UnknownModel
+from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
 from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
 from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
@@ -89,7 +89,7 @@ class Sidecar:
             rows = {t.name: bytes(t.row_bytes) for t in model.inputs.values()}
             answers = await asyncio.gather(*(model.infer(rows, self.limits.max_slo_us) for _ in range(slots)),
                                            return_exceptions=True)
-            for error in {str(a) for a in answers if isinstance(a, RequestError)}:
+            for error in {f"{type(a).__name__}: {a}" for a in answers if isinstance(a, Exception)}:
                 log.warning("model %s: a warm-up request failed: %s", model.name, error)
         log.info("warmed up %s with %d request(s) each", sorted(self.models), slots)
 
