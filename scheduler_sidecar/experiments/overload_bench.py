@@ -70,6 +70,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     s = kinds.add_parser("soak", parents=[common], help="a long run below capacity: RSS growth and attainment",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--load", type=float, default=0.7, help="offered load over capacity (default 0.7)")
+    s.add_argument("--rate", type=float, help="offered load in requests/s instead of --load x capacity (to run "
+                   "two builds at the same load)")
     s.add_argument("--duration-s", type=float, default=1800.0, help="length of the run (default 1800)")
     s.add_argument("--window-s", type=float, default=60.0, help="attainment window (default 60)")
     s.set_defaults(func=run_soak)
@@ -300,10 +302,11 @@ def soak(args: argparse.Namespace, progress=lambda msg: None) -> dict:
             client = Client(sidecar.grpc_url, name, round(args.slo_ms * 1e3))
             try:
                 capacity = await _capacity(client, args, progress)
-                progress(f"soak: {args.load:g} x {capacity:.0f}/s for {args.duration_s:g} s")
+                rate = args.rate or args.load * capacity
+                progress(f"soak: {rate:.0f}/s (capacity {capacity:.0f}/s) for {args.duration_s:g} s")
                 watch.start = time.perf_counter()
                 watch.rss.clear()
-                return capacity, await client.open(args.load * capacity, args.duration_s)
+                return capacity, await client.open(rate, args.duration_s)
             finally:
                 await client.close()
 
@@ -350,7 +353,7 @@ def run_soak(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     r = result["run"]
-    print(f"capacity {result['capacity_qps']:.0f}/s; {args.load:g} x that for {args.duration_s:g} s: sent {r['sent']}, "
+    print(f"capacity {result['capacity_qps']:.0f}/s; {r['target_qps']:.0f}/s for {args.duration_s:g} s: sent {r['sent']}, "
           f"met {r['met']}, late {r['late']}, refused {r['refused']}, lost {r['lost']}")
     print(f"RSS {result['rss_after_warm_up_mb']} MiB after {result['warm_up_s']:g} s of warm-up -> "
           f"{result['rss_end_mb']} MiB at the end: {result['rss_growth_pct']:+.2f}% (target < 5%)")
