@@ -68,12 +68,19 @@ def test_optimal_gap_with_no_optimal_solve_reports_no_ratio(monkeypatch, capsys)
 @pytest.mark.triton
 @pytest.mark.slow
 def test_overload_bench_accounts_for_every_request_and_loses_none(capsys):
-    out = run_json(capsys, "bench", "overload", "--capacity-s", "1", "--overload-s", "2", "--recovery-s", "2",
-                   "--concurrency", "16", "--json")
-    assert out["capacity_qps"] > 0
+    out = run_json(capsys, "bench", "overload", "--concurrency", "16", "--capacity-s", "1", "--overload-s", "2",
+                   "--recovery-s", "3", "--confirm-s", "1", "--json")
+    assert out["capacity_qps"] == out["measured_capacity_qps"] > 0
     for phase in ("overload", "recovery"):
         r = out[phase]
         assert r["sent"] == r["met"] + r["late"] + sum(r["refused"].values()) + r["lost"] > 0
+        assert r["lost"] == sum(r["lost_by_cause"].values())
         assert set(r["refused"]) <= {"DEADLINE_EXCEEDED", "UNAVAILABLE"}  # explicit refusals only
-    assert out["lost"] == 0 and out["false_worker_down"] == 0
-    assert out["peak_rss_mb"] >= out["rss_start_mb"] > 0
+        assert set(r["details"]) == set(r["refused"]) | {f"lost:{c}" for c in r["lost_by_cause"]}
+        assert r["sent_qps"] > 0.8 * r["target_qps"]  # the client kept up
+    assert out["overload"]["target_qps"] == pytest.approx(3 * out["capacity_qps"], rel=0.01)
+    assert out["recovery"]["target_qps"] == pytest.approx(out["capacity_qps"] / 2, rel=0.01)
+    # the sidecar counted every request the client got an answer to
+    assert sum(out["sidecar_outcomes"].values()) >= out["overload"]["sent"] + out["recovery"]["sent"] - out["lost"]
+    assert out["lost"] == 0 and out["false_worker_down"] == 0 and out["worker_down_samples"] == 0
+    assert out["peak_rss_mb"] >= out["rss_start_mb"] > 0 and out["queue_samples"] > 0
