@@ -331,6 +331,7 @@ def test_sigterm_stops_the_sidecar_cleanly(fast_build, triton, images):
     server.start()
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         client.infer("digits", [grpc_input(images[:1])], parameters=SLO)
+    assert metric(metrics(server), "accscale_requests_total") == 1  # the warm-up is not a client's request
     proc = server._proc
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0

@@ -87,8 +87,12 @@ class Sidecar:
         slots = len(self.driver.slots)
         for model in self.models.values():
             rows = {t.name: bytes(t.row_bytes) for t in model.inputs.values()}
-            answers = await asyncio.gather(*(model.infer(rows, self.limits.max_slo_us) for _ in range(slots)),
-                                           return_exceptions=True)
+            stats, model.stats = model.stats, ModelMetrics(Metrics(), model.name)  # /metrics counts clients only
+            try:
+                answers = await asyncio.gather(*(model.infer(rows, self.limits.max_slo_us) for _ in range(slots)),
+                                               return_exceptions=True)
+            finally:
+                model.stats = stats
             for error in {f"{type(a).__name__}: {a}" for a in answers if isinstance(a, Exception)}:
                 log.warning("model %s: a warm-up request failed: %s", model.name, error)
         log.info("warmed up %s with %d request(s) each", sorted(self.models), slots)
