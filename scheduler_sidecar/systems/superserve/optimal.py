@@ -80,18 +80,16 @@ Two alternatives were tried and dropped. A per-worker model with binaries x[q, n
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
-import os
-import sys
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.systems.milp_solver import pick_solver
+from scheduler_sidecar.systems.milp_solver import solve as solve_milp
 
 BOUNDS = ("feasible", "upper")  # see "Two bounds" above
 MAX_BRUTE_FORCE_QUERIES = 10  # brute_force is exponential in the number of queries
@@ -236,60 +234,6 @@ def _undominated(points: Sequence[tuple[int, float, int]]) -> list[int]:
     return sorted(kept)
 
 
-def _pick_solver(time_limit_s: float) -> tuple[Any, str]:
-    # imported where used: it costs about 0.2 s, and the serving path never needs it
-    import pulp  # type: ignore[import-untyped, unused-ignore]
-
-    # zero gaps: accuracies differ by a few hundredths, and HiGHS's default 1e-4 relative gap could hide that
-    highs = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=1e-9)
-    if highs.available():
-        return highs, "HiGHS"
-    with warnings.catch_warnings():
-        # PuLP 3.3 deprecates its bundled CBC for 4.0; it is only the fallback here
-        warnings.filterwarnings("ignore", message="PULP_CBC_CMD is deprecated", category=DeprecationWarning)
-        cbc = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0)
-    if not cbc.available():
-        raise RuntimeError("neither HiGHS (pip install highspy) nor PuLP's bundled CBC is available")
-    return cbc, "PULP_CBC_CMD"
-
-
-@contextlib.contextmanager
-def _c_stdout_silenced() -> Iterator[None]:
-    """Point file descriptor 1 at the null device for the block, so that C and C++ code cannot print on stdout.
-
-    HiGHS prints its banner from C++ when the first ``Highs`` object of a process is built, before PuLP can
-    set ``output_flag`` off (``msg=False``), and that banner would land in front of ``--json`` output. Python's
-    ``sys.stdout`` is flushed before the switch, and C's stdio buffers before fd 1 comes back. The switch is
-    process-wide: another thread's stdout writes during the solve are lost too (only offline tools solve).
-    """
-    try:
-        saved = os.dup(1)
-    except OSError:  # no fd 1 at all: nothing can reach stdout
-        yield
-        return
-    if sys.stdout is not None:
-        sys.stdout.flush()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        _flush_c_stdio()
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
-
-
-def _flush_c_stdio() -> None:
-    """fflush(NULL): what C code left in stdio buffers goes where fd 1 points now."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError, TypeError):  # no C library handle (Windows): nothing to flush
-        pass
-
-
 @dataclass(frozen=True)
 class _Model:
     prob: Any  # pulp.LpProblem
@@ -415,14 +359,14 @@ def solve_optimal(arrival_us: Sequence[int], deadline_us: Sequence[int], profile
     if not time_limit_s > 0:
         raise ValueError(f"time_limit_s must be > 0, got {time_limit_s}")
     inst = _discretise(arrival_us, deadline_us, profile, workers, device, batch_sizes, time_step_us, bound)
-    solver, solver_name = _pick_solver(time_limit_s)
+    # zero gaps: accuracies differ by a few hundredths, and HiGHS's default 1e-4 relative gap could hide that
+    solver, solver_name = pick_solver(time_limit_s, gapRel=0.0, gapAbs=1e-9)
     model = _build(inst, workers, arrival_us, deadline_us)
     num_variables, num_constraints = model.prob.numVariables(), model.prob.numConstraints()
     if not model.batches:  # no query can be served at all
         return OptimalResult(0.0, 0, (), solver_name, "optimal", 0.0, time_step_us, bound, num_variables,
                              num_constraints)
-    with _c_stdout_silenced():  # msg=False silences HiGHS's log, not the banner it prints from C++
-        model.prob.solve(solver)
+    solve_milp(model.prob, solver)
 
     sol_status = model.prob.sol_status
     status = ("optimal" if sol_status == pulp.LpSolutionOptimal
