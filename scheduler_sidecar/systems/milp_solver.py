@@ -30,6 +30,15 @@ def pick_solver(time_limit_s: float, **gaps: float) -> tuple[Any, str]:
     return cbc, "PULP_CBC_CMD"
 
 
+def variable(problem: Any, name: str, low: float, up: float | None, cat: str = "Continuous") -> Any:
+    """A new PuLP variable; PuLP >= 3.3 deprecates ``LpVariable(...)`` in favour of ``problem.add_variable``."""
+    import pulp  # type: ignore[import-untyped, unused-ignore]
+
+    if hasattr(problem, "add_variable"):
+        return problem.add_variable(name, low, up, cat=cat)
+    return pulp.LpVariable(name, low, up, cat)
+
+
 def solve(problem: Any, solver: Any) -> None:
     """``problem.solve(solver)``, keeping HiGHS's banner off stdout (it would land in front of ``--json`` output)."""
     global _banner_printed

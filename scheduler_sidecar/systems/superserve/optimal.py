@@ -88,7 +88,7 @@ from functools import cache
 from typing import Any
 
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.systems.milp_solver import pick_solver
+from scheduler_sidecar.systems.milp_solver import pick_solver, variable
 from scheduler_sidecar.systems.milp_solver import solve as solve_milp
 
 BOUNDS = ("feasible", "upper")  # see "Two bounds" above
@@ -282,13 +282,13 @@ def _build(inst: _Instance, workers: int, arrival_us: Sequence[int], deadline_us
         useful = _undominated([(inst.configs[ci].latency_slots, inst.configs[ci].accuracy, cap)
                                for ci, cap in rows])
         for ci, cap in (rows[j] for j in useful):
-            y = Y[t, ci] = _variable(prob, f"Y_{t}_{ci}", 0, workers, batch_cat)
+            y = Y[t, ci] = variable(prob, f"Y_{t}_{ci}", 0, workers, batch_cat)
             xs = []
             # a class is either wholly in reach or not
             for k in sorted({class_of[q] for q in reach[inst.configs[ci].latency_slots]}):
                 most = min(len(members[k]), cap)  # of class k in one batch
                 top = min(len(members[k]), workers * cap)  # of class k in all batches at (t, c)
-                x = X[k, t, ci] = _variable(prob, f"X_{k}_{t}_{ci}", 0, top,
+                x = X[k, t, ci] = variable(prob, f"X_{k}_{t}_{ci}", 0, top,
                                             pulp.LpBinary if top == 1 else pulp.LpInteger)
                 xs.append(x)
                 served_of_class.setdefault(k, []).append(x)
@@ -393,15 +393,6 @@ def solve_optimal(arrival_us: Sequence[int], deadline_us: Sequence[int], profile
         num_variables=num_variables,
         num_constraints=num_constraints,
     )
-
-
-def _variable(prob: Any, name: str, low: float, up: float | None, cat: str) -> Any:
-    """A new PuLP variable; PuLP >= 3.3 deprecates ``LpVariable(...)`` in favour of ``prob.add_variable``."""
-    import pulp  # type: ignore[import-untyped, unused-ignore]
-
-    if hasattr(prob, "add_variable"):
-        return prob.add_variable(name, low, up, cat=cat)
-    return pulp.LpVariable(name, low, up, cat)
 
 
 def brute_force(arrival_us: Sequence[int], deadline_us: Sequence[int], profile: Profile, *, workers: int,

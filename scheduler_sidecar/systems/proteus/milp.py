@@ -1,0 +1,212 @@
+"""Proteus' resource manager (§4, Eqs. 1-7): variant selection, placement and query assignment as one MILP.
+
+NOTE on the formulation. As printed, Eqs. 3 and 7 multiply the binary placement x[d,m] by the
+continuous routing y[d,q], so the paper's program is bilinear (the authors ran Gurobi with its
+non-convex option). Each device hosts at most one variant (Eq. 1) and each variant serves one
+query type, so the products vanish in an exact linear form: v[d,m] >= 0 is the rate of m's type
+that device d serves with m, v[d,m] <= P[d,m] x[d,m] (Eq. 5), the v of a type sum to its demand
+(Eq. 6; with Eqs. 2 and 4 this makes served = routed), and the objective is sum A_m v[d,m]
+(Eq. 7 read as accuracy-weighted served rate: its z*s product is not dimensionally a rate, and
+both readings share the optimum). Identical devices are interchangeable, so devices are
+aggregated into pools of one kind: integer n[p,m] workers of pool p host m, with sum_m n[p,m]
+<= |p| and v[p,m] <= P[p,m] n[p,m]. A pool of one device is the per-device program itself
+(:meth:`Problem.per_device`); the two have the same optimum, and the pooled one solves in a
+fraction of the time. Routing weights follow: a type's replicas of (p, m) share v[p,m] evenly.
+
+NOTE on overload (§2.5: "we solve the MILP again by decreasing s_q by a small value"). Decision:
+every type's demand is lowered by the same ``step`` of the measured demand (5%) until the program
+is feasible, down to ``floor`` (0.2, the artifact's); feasibility is monotone in that scale, so
+one extra solve (the largest feasible scale) finds the step directly instead of trying each.
+Below the floor the largest feasible scale is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import pulp
+
+from scheduler_sidecar.systems.milp_solver import pick_solver, variable
+from scheduler_sidecar.systems.milp_solver import solve as solve_milp
+
+log = logging.getLogger(__name__)
+
+TIME_LIMIT_S = 10.0  # per solve; the incumbent is kept and its gap logged
+GAP_REL = 1e-9  # the search stops this close to the optimum
+OVERLOAD_STEP = 0.05  # share of the measured demand taken off per step when it cannot be served
+OVERLOAD_FLOOR = 0.2  # the artifact's lowest demand scale
+# the paper plans capacity equal to demand (beta = 1); the artifact asks 5% headroom (beta = 1.05)
+HEADROOM = 1.0
+ARTIFACT_HEADROOM = 1.05
+
+
+@dataclass(frozen=True)
+class Option:
+    """A variant on a device kind: the query type it serves, its accuracy and its peak rate (§4)."""
+
+    type: str
+    variant: str
+    kind: str
+    accuracy: float
+    capacity_qps: float
+    max_batch: int
+
+
+@dataclass(frozen=True)
+class Pool:
+    """``count`` workers of one device kind; ``types`` limits what they may host (None: anything)."""
+
+    kind: str
+    count: int
+    types: frozenset[str] | None = None
+
+    def hosts(self, option: Option) -> bool:
+        return option.kind == self.kind and option.capacity_qps > 0 and (self.types is None or option.type in self.types)
+
+
+@dataclass(frozen=True)
+class Problem:
+    pools: tuple[Pool, ...]
+    options: tuple[Option, ...]
+    demand: Mapping[str, float]  # query type -> queries per second to serve
+    headroom: float = HEADROOM  # planned capacity >= headroom x served rate
+
+    def per_device(self) -> Problem:
+        """The same problem with one pool per device: the paper's per-device program."""
+        return replace(self, pools=tuple(replace(p, count=1) for p in self.pools for _ in range(p.count)))
+
+    def scaled(self, factor: float) -> Problem:
+        return replace(self, demand={q: s * factor for q, s in self.demand.items()})
+
+
+@dataclass(frozen=True)
+class Solution:
+    replicas: Mapping[tuple[int, str], int]  # (pool index, variant) -> workers hosting it
+    served: Mapping[tuple[int, str], float]  # (pool index, variant) -> queries per second served there
+    demand: Mapping[str, float]  # what was planned for (the measured demand, lowered under overload)
+    scale: float  # planned over measured demand (1 unless overloaded)
+    objective: float  # sum of accuracy x served rate
+    optimal: bool  # False: the time limit stopped the search; ``gap`` says how far the incumbent may be
+    gap: float
+    solve_s: float
+
+    @property
+    def accuracy(self) -> float:
+        """Effective accuracy (§6.1.4): the mean accuracy over the planned queries."""
+        total = sum(self.demand.values())
+        return self.objective / total if total > 0 else math.nan
+
+
+def _build(problem: Problem, objective: str,
+           accuracy: float = 0.0) -> tuple[pulp.LpProblem, dict, dict, pulp.LpVariable | None]:
+    """The pooled program. ``objective``: "accuracy" serves the demand at the best accuracy (Eq. 7);
+    "scale" serves the largest common share of it (at most all); "spread" serves the largest multiple
+    of it at a mean accuracy of at least ``accuracy`` per query served (the headroom of a plan)."""
+    lp = pulp.LpProblem("proteus", pulp.LpMaximize)
+    n, v = {}, {}
+    for p, pool in enumerate(problem.pools):
+        for o in problem.options:
+            if pool.hosts(o):
+                n[p, o.variant] = variable(lp, f"n_{p}_{len(n)}", 0, pool.count, pulp.LpInteger)
+                v[p, o.variant] = variable(lp, f"v_{p}_{len(v)}", 0, None)
+    option = {(p, o.variant): o for p, pool in enumerate(problem.pools) for o in problem.options if pool.hosts(o)}
+    for p, pool in enumerate(problem.pools):  # Eq. 1: one variant per device
+        mine = [n[k] for k in n if k[0] == p]
+        if mine:
+            lp += pulp.lpSum(mine) <= pool.count
+    for k, var in v.items():  # Eq. 5: served within peak capacity
+        lp += problem.headroom * var <= option[k].capacity_qps * n[k]
+    scale = variable(lp, "scale", 0, None) if objective != "accuracy" else None
+    for q, s in problem.demand.items():  # Eq. 6: the demand is served
+        served = pulp.lpSum(var for k, var in v.items() if option[k].type == q)
+        lp += served == (s * scale if scale is not None else s)
+    weighted = pulp.lpSum(option[k].accuracy * var for k, var in v.items())
+    if objective == "accuracy":
+        lp.setObjective(weighted)
+    elif objective == "scale":
+        lp += scale <= 1
+        lp.setObjective(scale)
+    else:
+        lp += weighted >= accuracy * scale * sum(problem.demand.values())
+        lp.setObjective(scale)
+    return lp, n, v, scale
+
+
+def _run(lp: pulp.LpProblem, time_limit_s: float) -> tuple[bool, bool, float, float]:
+    """(feasible, optimal, gap, seconds)."""
+    # HiGHS stops at a 1e-4 relative gap by default: that hides accuracy differences of 0.01 points
+    solver, name = pick_solver(time_limit_s, gapRel=GAP_REL)
+    started = time.perf_counter()
+    solve_milp(lp, solver)
+    seconds = time.perf_counter() - started
+    if pulp.LpStatus[lp.status] != "Optimal" or lp.sol_status not in (pulp.LpSolutionOptimal,
+                                                                       pulp.LpSolutionIntegerFeasible):
+        return False, False, math.inf, seconds
+    optimal = lp.sol_status == pulp.LpSolutionOptimal
+    gap = 0.0 if optimal or name != "HiGHS" else float(lp.solverModel.getInfo().mip_gap)
+    return True, optimal, gap, seconds
+
+
+def solve(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S, spread: bool = True) -> Solution | None:
+    """The optimum for exactly ``problem.demand``; None if no placement can serve it.
+
+    Decision: many placements share the optimum (whatever capacity the demand leaves unused can sit
+    anywhere), and a solver's pick may load a few workers to their peak while others idle. With
+    ``spread``, a second solve keeps the optimal mean accuracy (to 1e-7) and picks the placement that
+    could serve the largest multiple of the demand; routes follow its rates scaled back to the demand,
+    so every replica runs at the same share of its capacity.
+    """
+    if any(s < 0 or not math.isfinite(s) for s in problem.demand.values()):
+        raise ValueError(f"demand must be finite and >= 0, got {dict(problem.demand)}")
+    lp, n, v, _ = _build(problem, "accuracy")
+    feasible, optimal, gap, seconds = _run(lp, time_limit_s)
+    if not feasible:
+        return None
+    if not optimal:
+        log.warning("proteus MILP: time limit %.1f s reached; keeping the incumbent (relative gap %.3g)",
+                    time_limit_s, gap)
+    objective = float(pulp.value(lp.objective) or 0.0)
+    total = sum(problem.demand.values())
+    factor = 1.0
+    if spread and total > 0:
+        wide, wide_n, wide_v, scale = _build(problem, "spread", objective / total * (1 - 1e-7))
+        ok, _, _, more_s = _run(wide, time_limit_s)
+        seconds += more_s
+        if ok and (scale.value() or 0) >= 1:
+            n, v, factor = wide_n, wide_v, float(scale.value())
+    replicas = {k: round(var.value() or 0) for k, var in n.items()}
+    served = {k: max(0.0, var.value() or 0.0) / factor for k, var in v.items()}
+    return Solution({k: c for k, c in replicas.items() if c}, {k: s for k, s in served.items() if s > 1e-9},
+                    dict(problem.demand), 1.0, objective, optimal, gap, seconds)
+
+
+def max_scale(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S) -> float:
+    """The largest share of the demand (at most 1) that some placement serves for every type at once."""
+    lp, _, _, scale = _build(problem, "scale")
+    feasible, _, _, _ = _run(lp, time_limit_s)
+    return float(scale.value() or 0.0) if feasible else 0.0
+
+
+def plan(problem: Problem, *, step: float = OVERLOAD_STEP, floor: float = OVERLOAD_FLOOR,
+         time_limit_s: float = TIME_LIMIT_S) -> Solution:
+    """:func:`solve`, lowering the demand in ``step``s when it cannot all be served (module note)."""
+    started = time.perf_counter()
+    solution = solve(problem, time_limit_s=time_limit_s)
+    if solution is not None:
+        return solution
+    best = max_scale(problem, time_limit_s=time_limit_s)
+    k = math.ceil((1 - best) / step - 1e-9)
+    grid = [1 - j * step for j in (k, k + 1) if 1 - j * step >= floor - 1e-12]  # k + 1: the solver's tolerance
+    for factor in (*grid, best * (1 - 1e-6), 0.0):
+        solution = solve(problem.scaled(factor), time_limit_s=time_limit_s)
+        if solution is not None:
+            break
+    if solution is None:
+        raise RuntimeError("proteus MILP: no demand scale is feasible, not even zero")
+    log.info("proteus MILP: demand %.0f q/s cannot be served; planned %.0f%% of it",
+             sum(problem.demand.values()), 100 * factor)
+    return replace(solution, scale=factor, solve_s=time.perf_counter() - started)
