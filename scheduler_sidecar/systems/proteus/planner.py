@@ -1,0 +1,268 @@
+"""Proteus' controller (§3, §4): demand per query type, the MILP every period and on a burst, placements and routes.
+
+NOTE on the loop. Demand is an exponentially weighted mean over the last ``ewma_window_s``
+one-second arrival counts of each type (the artifact's pandas ``ewm(com=1.6)``; the paper leaves
+the estimator open). A plan is made every ``period_s`` (30 s, §6.1.5; the artifact's 10 s is a
+parameter) and, since the paper names no burst detector, whenever a type's count exceeded
+``burst_factor`` (1.2) x its planned rate in each of the last ``burst_s`` (2) whole seconds, at
+most once per ``cooldown_s`` (2 s). The MILP's (pool, variant) counts become workers: a worker
+already hosting a variant the plan keeps stays as it is, so a plan moves as few workers as it
+can; a worker the plan leaves idle keeps its variant (and gets no traffic). Each replica of
+(pool, variant) gets an equal share of that pair's planned rate; a type's router splits its
+queries by those shares (the query assignment y[d,q]).
+
+NOTE on the baselines (§6.1.1, §6.5), which are this planner restricted:
+- ``allowed``: the variants each type may use (Clipper-HA: the most accurate one feasible on
+  some device kind within SLO/2; Clipper-HT: the least accurate; "w/o MS": the most accurate,
+  re-placed as demand moves).
+- ``fixed_types`` (Sommelier, "w/o MP"): after the first plan every worker stays with its query
+  type; only the variant on it may change.
+- ``static`` (Clipper): the first plan is the only one.
+- ``uniform_routing`` ("w/o QA"): a type's queries are spread evenly over its replicas, whatever
+  their capacity.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scheduler_sidecar.core.plan import Demand, Plan, Planner
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.core.records import Query
+from scheduler_sidecar.systems.proteus import milp
+from scheduler_sidecar.systems.proteus.capacity import PAPER, CapacityRule
+
+NEVER_US = 1 << 62
+
+
+@dataclass(frozen=True)
+class ProteusConfig:
+    period_s: float = 30.0  # §6.1.5 ("30 seconds as it works well"); the artifact re-solves every 10 s
+    ewma_com: float = 1.6  # the artifact's centre of mass over one-second counts
+    ewma_window_s: int = 20  # the artifact's window of counts
+    burst_factor: float = 1.2  # decision: a type above this x its planned rate ...
+    burst_s: int = 2  # ... in each of this many whole seconds asks for a plan
+    cooldown_s: float = 2.0  # ... unless a plan was made this recently
+    capacity: CapacityRule = PAPER
+    headroom: float = milp.HEADROOM
+    overload_step: float = milp.OVERLOAD_STEP
+    overload_floor: float = milp.OVERLOAD_FLOOR
+    time_limit_s: float = milp.TIME_LIMIT_S
+
+
+@dataclass(frozen=True)
+class Route:
+    worker_id: int
+    variant: str
+    share: float  # of the type's queries
+    max_batch: int  # B_max: the largest batch of this variant on this worker's kind within SLO/2
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What a plan tells the routers (:attr:`Plan.detail` of a Proteus plan)."""
+
+    routes: Mapping[str, tuple[Route, ...]]  # query type -> its replicas
+    demand: Mapping[str, float]  # the measured demand the plan was made for, q/s
+    solution: milp.Solution
+
+
+@dataclass
+class _Worker:
+    id: int
+    kind: str
+    variant: str | None = None
+    type: str | None = None
+
+
+@dataclass
+class _Counter:
+    """One-second arrival counts per type, closed as time passes."""
+
+    window: int
+    second: int = 0
+    current: Counter = field(default_factory=Counter)
+    history: dict[str, deque] = field(default_factory=dict)
+
+    def advance(self, now_us: int, types: Sequence[str]) -> bool:
+        """Close every whole second before ``now_us``; True if any closed."""
+        second = now_us // 1_000_000
+        if second <= self.second:
+            return False
+        empty = min(second - self.second - 1, self.window)  # seconds with no arrival at all
+        for q in types:
+            history = self.history.setdefault(q, deque(maxlen=self.window))
+            history.append(self.current.get(q, 0))
+            history.extend([0] * empty)
+        self.current.clear()
+        self.second = second
+        return True
+
+
+class ProteusPlanner(Planner):
+    """See the module notes. ``types`` maps query type -> profile; ``workers`` are (id, device kind)."""
+
+    def __init__(self, types: Mapping[str, Profile], workers: Sequence[tuple[int, str]], slo_ms: Mapping[str, float],
+                 config: ProteusConfig = ProteusConfig(), *, initial_demand: Mapping[str, float] | None = None,
+                 allowed: Mapping[str, frozenset[str]] | None = None, fixed_types: bool = False,
+                 static: bool = False, uniform_routing: bool = False) -> None:
+        self.types = dict(types)
+        self.config = config
+        self.slo_ms = {q: float(slo_ms[q]) for q in self.types}
+        self.workers = [_Worker(wid, kind) for wid, kind in workers]
+        if not self.workers:
+            raise ValueError("proteus: no workers to plan for")
+        self.kinds = sorted({w.kind for w in self.workers})
+        self.initial_demand = dict(initial_demand or {})
+        self.fixed_types, self.static, self.uniform_routing = fixed_types, static, uniform_routing
+        self.period_us = NEVER_US if static else round(config.period_s * 1e6)
+        self.options = self._options(allowed)
+        self.model = {v.id: v.actuation.model for p in self.types.values() for v in p.variants}
+        self._counts = _Counter(config.ewma_window_s)
+        self._planned: dict[str, float] = {}
+        self._last_plan_us: int | None = None
+        self.plans = 0
+
+    def _options(self, allowed: Mapping[str, frozenset[str]] | None) -> tuple[milp.Option, ...]:
+        out = []
+        for q, profile in self.types.items():
+            for v in profile.variants:
+                if allowed is not None and v.id not in allowed.get(q, frozenset()):
+                    continue
+                for kind in self.kinds:
+                    curve = v.latency[kind]
+                    out.append(milp.Option(q, v.id, kind, v.accuracy, self.config.capacity.capacity_qps(
+                        curve, self.slo_ms[q]), self.config.capacity.max_batch(curve, self.slo_ms[q])))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ demand
+    def observe_arrival(self, now_us: int, query: Query) -> bool:
+        closed = self._counts.advance(now_us, list(self.types))
+        self._counts.current[query.type] += 1
+        if self.static or not closed or self._last_plan_us is None:
+            return False
+        if now_us - self._last_plan_us < self.config.cooldown_s * 1e6:
+            return False
+        return any(self._bursting(q) for q in self.types)
+
+    def _bursting(self, q: str) -> bool:
+        recent = list(self._counts.history.get(q, ()))[-self.config.burst_s:]
+        limit = self.config.burst_factor * self._planned.get(q, 0.0)
+        return len(recent) == self.config.burst_s and all(c > limit for c in recent)
+
+    def demand(self, now_us: int) -> dict[str, float]:
+        """The EWMA of each type's one-second counts (``initial_demand`` before the first whole second)."""
+        self._counts.advance(now_us, list(self.types))
+        alpha = 1 / (1 + self.config.ewma_com)
+        out = {}
+        for q in self.types:
+            counts = list(self._counts.history.get(q, ()))
+            if not counts:
+                out[q] = float(self.initial_demand.get(q, 0.0))
+                continue
+            weights = [(1 - alpha) ** i for i in range(len(counts))]  # newest first, as pandas' adjust=True
+            out[q] = sum(w * c for w, c in zip(weights, reversed(counts))) / sum(weights)
+        return out
+
+    # ------------------------------------------------------------------ plans
+    def plan(self, now_us: int, demand: Demand) -> Plan:
+        if self.static and self.plans:
+            raise RuntimeError("a static allocation is planned once")
+        measured = self.demand(now_us)
+        pools, pool_of = self._pools()
+        problem = milp.Problem(pools, self.options, measured, self.config.headroom)
+        solution = milp.plan(problem, step=self.config.overload_step, floor=self.config.overload_floor,
+                             time_limit_s=self.config.time_limit_s)
+        placement = self._place(pools, pool_of, solution)
+        self._planned, self._last_plan_us = measured, now_us
+        self.plans += 1
+        return Plan(now_us, placement, Routing(self._routes(problem.pools, solution), measured, solution))
+
+    def _pools(self) -> tuple[tuple[milp.Pool, ...], list[int]]:
+        """The MILP's pools and each worker's pool: one per device kind, or per (kind, type) once types are fixed."""
+        key = (lambda w: (w.kind, w.type or "")) if self.fixed_types and self.plans else (lambda w: (w.kind, ""))
+        keys = sorted({key(w) for w in self.workers})
+        counts = Counter(key(w) for w in self.workers)
+        pools = tuple(milp.Pool(kind, counts[kind, q], frozenset({q}) if q else None) for kind, q in keys)
+        return pools, [keys.index(key(w)) for w in self.workers]
+
+    def _place(self, pools: Sequence[milp.Pool], pool_of: Sequence[int],
+               solution: milp.Solution) -> dict[int, frozenset[str]]:
+        """Workers for each (pool, variant) of the solution, moving as few as possible."""
+        wanted = Counter(solution.replicas)
+        self._replicas: dict[tuple[int, str], list[int]] = {}
+        free: dict[int, list[_Worker]] = {}
+        for w, p in zip(self.workers, pool_of):  # a worker whose variant the plan keeps stays
+            if w.variant is not None and wanted[p, w.variant] > 0:
+                wanted[p, w.variant] -= 1
+                self._replicas.setdefault((p, w.variant), []).append(w.id)
+            else:
+                free.setdefault(p, []).append(w)
+        placement = {}
+        for (p, variant), n in sorted(wanted.items()):
+            if n <= 0:
+                continue
+            for w in free[p][:n]:
+                self._host(w, variant, placement)
+                self._replicas.setdefault((p, variant), []).append(w.id)
+            free[p] = free[p][n:]
+        if not self.plans:  # the artifact's start: a worker no variant needs hosts its kind's best of some type
+            order = sorted(self.types, key=lambda q: -solution.demand.get(q, 0.0))
+            idle = [w for ws in free.values() for w in ws if w.variant is None]
+            for i, w in enumerate(idle):
+                best = self._best_on(w.kind, order[i % len(order):] + order[:i % len(order)])
+                if best is not None:
+                    self._host(w, best, placement)
+        return placement  # workers the plan leaves idle keep their variant (and get no traffic)
+
+    def _host(self, w: _Worker, variant: str, placement: dict[int, frozenset[str]]) -> None:
+        w.variant, w.type = variant, self._type_of(variant)
+        placement[w.id] = frozenset({self.model[variant]})
+
+    def _best_on(self, kind: str, types: Sequence[str]) -> str | None:
+        """The most accurate variant feasible on ``kind`` of the first of ``types`` that has one."""
+        for q in types:
+            fits = [o for o in self.options if o.type == q and o.kind == kind and o.capacity_qps > 0]
+            if fits:
+                return max(fits, key=lambda o: (o.accuracy, o.variant)).variant
+        return None
+
+    def _type_of(self, variant: str) -> str:
+        return next(o.type for o in self.options if o.variant == variant)
+
+    def _routes(self, pools: Sequence[milp.Pool], solution: milp.Solution) -> dict[str, tuple[Route, ...]]:
+        batch = {(o.kind, o.variant): o.max_batch for o in self.options}
+        routes: dict[str, list[Route]] = {q: [] for q in self.types}
+        for (p, variant), ids in sorted(self._replicas.items()):
+            served = solution.served.get((p, variant), 0.0)
+            if served <= 0:
+                continue
+            q = self._type_of(variant)
+            for wid in ids:
+                routes[q].append(Route(wid, variant, served / len(ids), batch[pools[p].kind, variant]))
+        out = {}
+        for q, rs in routes.items():
+            total = sum(r.share for r in rs) if not self.uniform_routing else len(rs)
+            out[q] = tuple(Route(r.worker_id, r.variant, (1.0 if self.uniform_routing else r.share) / total,
+                                 r.max_batch) for r in rs) if rs else ()
+        return out
+
+
+def most_accurate_feasible(profile: Profile, slo_ms: float, kinds: Sequence[str],
+                           rule: CapacityRule = PAPER) -> str:
+    """Clipper-HA's variant: the most accurate one that some device kind serves within SLO/2 (§6.1.1)."""
+    feasible = [v for v in profile.variants if any(rule.max_batch(v.latency[k], slo_ms) for k in kinds)]
+    if not feasible:
+        raise ValueError(f"{profile.name}: no variant fits SLO/2 = {slo_ms / 2:g} ms on {list(kinds)}")
+    return max(feasible, key=lambda v: (v.accuracy, v.id)).id
+
+
+def least_accurate(profile: Profile) -> str:
+    """Clipper-HT's variant."""
+    return min(profile.variants, key=lambda v: (v.accuracy, v.id)).id
+
+
+__all__ = ["NEVER_US", "ProteusConfig", "ProteusPlanner", "Route", "Routing", "least_accurate",
+           "most_accurate_feasible"]

@@ -1,0 +1,138 @@
+"""Proteus and the systems it is compared with (§6.1.1, §6.4, §6.5), each a planner setting plus a batching
+strategy, run in the simulator over a heterogeneous cluster; and the paper's metrics (§6.1.4).
+
+| system | planner | batching |
+|---|---|---|
+| proteus | MILP every period and on bursts | adaptive (§5) |
+| clipper-ha / clipper-ht | MILP once, most accurate SLO-feasible / least accurate variant per type, planned for the largest demand of the trace's mix it can serve | AIMD |
+| sommelier (= w/o MP) | MILP, each worker keeps its type after the first plan | adaptive |
+| w/o MS | MILP, most accurate SLO-feasible variants only | adaptive |
+| w/o AB | MILP | batch size 1 |
+| w/o QA | MILP, routing even over a type's replicas | adaptive |
+
+INFaaS-Accuracy is not here yet (see the issue's note).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.core.records import Outcome
+from scheduler_sidecar.sim.results import OUTCOME_CODES, SimResult
+from scheduler_sidecar.sim.simulator import Simulator
+from scheduler_sidecar.sim.world import SimWorker, World
+from scheduler_sidecar.systems.proteus.data import Counts, arrivals
+from scheduler_sidecar.systems.proteus.planner import (
+    ProteusConfig,
+    ProteusPlanner,
+    least_accurate,
+    most_accurate_feasible,
+)
+from scheduler_sidecar.systems.proteus.policy import Proteus
+
+STATIC_DEMAND_QPS = 1e6  # Clipper plans for "as much as it can" of the trace's mix: the MILP scales this down
+METRIC_WINDOW_S = 10  # the artifact's window for the maximum accuracy drop
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    batching: str = "proteus"
+    variants: str = "all"  # "all", "ha" (most accurate SLO-feasible) or "ht" (least accurate)
+    static: bool = False
+    fixed_types: bool = False
+    uniform_routing: bool = False
+
+
+SYSTEMS = {s.name: s for s in (
+    System("proteus"),
+    System("clipper-ha", batching="aimd", variants="ha", static=True),
+    System("clipper-ht", batching="aimd", variants="ht", static=True),
+    System("sommelier", fixed_types=True),
+)}
+ABLATIONS = {s.name: s for s in (
+    System("w/o MS", variants="ha"),
+    System("w/o MP", fixed_types=True),
+    System("w/o AB", batching="single"),
+    System("w/o QA", uniform_routing=True),
+)}
+
+
+@dataclass(frozen=True)
+class Setup:
+    profiles: Mapping[str, Profile]  # query type -> its family
+    cluster: Mapping[str, int]  # device kind -> workers
+    slo_ms: float
+    config: ProteusConfig = field(default_factory=ProteusConfig)
+    load_ms: float = 0.0  # model load time (the artifact's: 0)
+
+
+@dataclass(frozen=True)
+class Run:
+    system: str
+    result: SimResult
+    types: np.ndarray  # query type index per query
+    type_names: tuple[str, ...]
+    plans: int
+
+    def metrics(self) -> dict[str, float]:
+        return metrics(self.result)
+
+
+def simulate(system: System, setup: Setup, counts: Counts, *, seed: int = 0) -> Run:
+    """Run ``system`` over the trace ``counts`` (Poisson arrivals within each second, seeded)."""
+    kinds = [k for k, n in setup.cluster.items() for _ in range(n)]
+    world = World(tuple(SimWorker(k, resident=frozenset()) for k in kinds), seed=seed, load_ms=setup.load_ms)
+    families = tuple(counts.families)
+    profiles = {f: setup.profiles[f] for f in families}
+    allowed = None
+    if system.variants == "ha":
+        allowed = {f: frozenset({most_accurate_feasible(p, setup.slo_ms, sorted(setup.cluster),
+                                                        setup.config.capacity)}) for f, p in profiles.items()}
+    elif system.variants == "ht":
+        allowed = {f: frozenset({least_accurate(p)}) for f, p in profiles.items()}
+    if system.static:
+        mix = counts.mean_mix()
+        initial = {f: STATIC_DEMAND_QPS * mix[f] for f in families}
+    else:  # where the artifact starts from a precomputed allocation: the trace's first 10 s
+        initial = dict(zip(families, counts.per_second[:10].mean(axis=0).tolist()))
+    planner = ProteusPlanner(profiles, list(enumerate(kinds)), {f: setup.slo_ms for f in families}, setup.config,
+                             initial_demand=initial, allowed=allowed, fixed_types=system.fixed_types,
+                             static=system.static, uniform_routing=system.uniform_routing)
+    policies = {f: Proteus(p, query_type=f, batching=system.batching, device=kinds[0]) for f, p in profiles.items()}
+    arrival_us, deadline_us, names = arrivals(counts, setup.slo_ms, seed=seed)
+    result = Simulator(policies, world, planner=planner).run(arrival_us, deadline_us, names)
+    index = {f: i for i, f in enumerate(families)}
+    return Run(system.name, result, np.array([index[n] for n in names], dtype=np.int64), families, planner.plans)
+
+
+def metrics(result: SimResult, window_s: int = METRIC_WINDOW_S) -> dict[str, float]:
+    """§6.1.4 as the artifact computes it: violations = (arrived - met) / arrived (drops, late answers and
+    refusals all count); accuracy over met queries; the maximum drop is 100 minus the lowest effective
+    accuracy of any ``window_s`` window (by answer time); throughput is met queries per second."""
+    met = result.outcome == OUTCOME_CODES[Outcome.MET]
+    n = len(met)
+    end_s = max(1, int(np.ceil(result.arrival_us.max(initial=0) / 1e6)))
+    windows = max(1, int(np.ceil(end_s / window_s)))
+    by_window = np.minimum(result.finish_us[met] // (window_s * 1_000_000), windows - 1)
+    acc_sum = np.bincount(by_window, result.accuracy[met], windows)
+    acc_n = np.bincount(by_window, None, windows)
+    window_acc = acc_sum[acc_n > 0] / acc_n[acc_n > 0]
+    return {
+        "queries": n,
+        "violation_ratio": float(1 - met.mean()) if n else 0.0,
+        "dropped": int(np.count_nonzero(result.outcome == OUTCOME_CODES[Outcome.DROPPED])),
+        "late": int(np.count_nonzero(result.outcome == OUTCOME_CODES[Outcome.LATE])),
+        "rejected": int(np.count_nonzero(result.outcome == OUTCOME_CODES[Outcome.REJECTED])),
+        "accuracy": float(100 * result.accuracy[met].mean()) if met.any() else 0.0,
+        "max_accuracy_drop": float(100 - 100 * window_acc.min()) if len(window_acc) else 0.0,
+        "throughput_qps": float(met.sum() / end_s),
+    }
+
+
+def variant_of(system: System, **changes) -> System:
+    return replace(system, **changes)

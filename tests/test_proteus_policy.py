@@ -1,0 +1,135 @@
+"""Proteus' data path and controller: adaptive batching (§5), routing by the plan, plan changes, and the baselines."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from scheduler_sidecar.core.records import Outcome, Query
+from scheduler_sidecar.sim.results import OUTCOME_CODES
+from scheduler_sidecar.systems.proteus.batching import Adaptive, Aimd, AimdFull, Nexus, NexusFill, Single
+from scheduler_sidecar.systems.proteus.data import Counts, load_counts, load_profiles
+from scheduler_sidecar.systems.proteus.planner import ProteusConfig, ProteusPlanner
+from scheduler_sidecar.systems.proteus.systems import SYSTEMS, Setup, simulate
+
+LATENCY = {1: 10_000, 2: 14_000, 3: 18_000, 4: 18_000, 5: 30_000, 6: 30_000, 7: 30_000, 8: 30_000}  # us, padded
+
+
+def latency(k: int) -> int:
+    return LATENCY[k]
+
+
+def queue(*deadlines_ms: float) -> deque[Query]:
+    return deque(Query(round(d * 1000), i, i, 0) for i, d in enumerate(deadlines_ms))
+
+
+def test_a_lone_query_on_an_idle_worker_starts_at_its_deadline_minus_t2():
+    action = Adaptive().decide(0, queue(100), latency, max_batch=8)
+    assert action.dispatch == 0 and action.wakeup_us == 100_000 - LATENCY[2]
+    at_wakeup = Adaptive().decide(action.wakeup_us, queue(100), latency, max_batch=8)
+    assert at_wakeup.dispatch == 1  # case 1: no second query came in time
+
+
+def test_a_second_query_before_the_wait_ends_waits_for_a_third():
+    action = Adaptive().decide(50_000, queue(100, 120), latency, max_batch=8)
+    assert action.wakeup_us == 100_000 - LATENCY[3]  # case 2: repeat with q' = q + 1
+    assert Adaptive().decide(84_000, queue(100, 120), latency, max_batch=8).dispatch == 2  # past T_max_wait(3)
+
+
+def test_a_full_batch_runs_at_once_and_never_exceeds_b_max():
+    q = queue(*[500] * 12)
+    assert Adaptive().decide(0, q, latency, max_batch=4).dispatch == 4
+    assert NexusFill().decide(0, q, latency, max_batch=4).dispatch == 4
+
+
+def test_hopeless_heads_are_dropped_and_a_batch_never_makes_its_head_late():
+    # at t = 95 ms the head (deadline 100) cannot finish even alone; the next (deadline 105) not in a batch of 2
+    q = queue(100, 105, 300)
+    action = Adaptive().decide(95_000, q, latency, max_batch=8)
+    assert action.drop == 2 and action.dispatch == 0
+    for strategy in (Adaptive(), Nexus(), NexusFill(), Single()):
+        for now in range(0, 300_000, 5_000):
+            a = strategy.decide(now, queue(100, 150, 200, 250), latency, max_batch=4)
+            if a.dispatch:
+                assert now + latency(a.dispatch) <= 100_000, (strategy.name, now)
+
+
+def test_nexus_is_work_conserving_and_the_artifacts_nexus_waits():
+    assert Nexus().decide(0, queue(100), latency, max_batch=8).dispatch == 1
+    waiting = NexusFill().decide(0, queue(100), latency, max_batch=8)
+    assert waiting.dispatch == 0 and waiting.wakeup_us == 100_000 - LATENCY[8]
+
+
+def test_aimd_grows_additively_and_backs_off_on_lateness():
+    aimd = Aimd()
+    for _ in range(5):
+        aimd.completed(late=False)
+    assert aimd.decide(0, queue(*[900] * 20), latency, max_batch=8).dispatch == 6
+    aimd.completed(late=True)
+    assert aimd.decide(0, queue(*[900] * 20), latency, max_batch=8).dispatch == 5
+    full = AimdFull()
+    full.completed(late=False)
+    assert full.decide(0, queue(900), latency, max_batch=8).dispatch == 0  # only a full batch of 2 goes
+    assert full.decide(0, queue(900, 900, 900), latency, max_batch=8).dispatch == 2
+
+
+def small_setup(**config) -> tuple[Setup, Counts]:
+    profiles = load_profiles()
+    counts = load_counts()
+    families = ("efficientnet", "mobilenet", "resnet")
+    cols = [counts.families.index(f) for f in families]
+    trace = Counts(families, counts.per_second[:40, cols])
+    return Setup({f: profiles[f] for f in families}, {"cpu": 4, "pascal": 2, "ampere": 2}, 300.0,
+                 ProteusConfig(**config)), trace
+
+
+def test_the_ewma_demand_and_the_burst_trigger():
+    setup, _ = small_setup(burst_s=2)
+    planner = ProteusPlanner(setup.profiles, [(0, "cpu"), (1, "pascal")], {f: 300.0 for f in setup.profiles},
+                             setup.config, initial_demand={"mobilenet": 10.0})
+    assert planner.demand(0)["mobilenet"] == 10.0  # before a whole second: the initial guess
+    planner.plan(0, None)
+    asked = []
+    for second in range(6):
+        rate = 10 if second < 3 else 40
+        for i in range(rate):
+            asked.append(planner.observe_arrival(second * 1_000_000 + i * 1_000_000 // rate,
+                                                 Query(0, 0, 0, 0, "mobilenet")))
+    assert not any(asked[:40])  # at the planned rate nothing asks
+    assert any(asked)  # two whole seconds at 4x the planned rate do
+    counts = [10, 10, 10, 40, 40]
+    alpha = 1 / (1 + 1.6)
+    weights = [(1 - alpha) ** i for i in range(5)]
+    expected = sum(w * c for w, c in zip(weights, reversed(counts))) / sum(weights)
+    assert planner.demand(5_500_000)["mobilenet"] == pytest.approx(expected)
+
+
+def test_a_plan_change_moves_few_workers_and_idle_workers_keep_their_variant():
+    setup, _ = small_setup()
+    workers = [(i, k) for i, k in enumerate(["cpu"] * 4 + ["pascal"] * 2 + ["ampere"] * 2)]
+    planner = ProteusPlanner(setup.profiles, workers, {f: 300.0 for f in setup.profiles}, setup.config,
+                             initial_demand={"efficientnet": 50.0, "mobilenet": 200.0, "resnet": 20.0})
+    first = planner.plan(0, None)
+    assert len(first.placement) == len(workers)  # every worker got a variant at the start
+    same = planner.plan(500_000, None)  # within the first second the demand is still the initial guess
+    assert same.placement == {}  # nothing moves
+    for routes in same.detail.routes.values():
+        assert sum(r.share for r in routes) == pytest.approx(1.0)
+        assert {r.worker_id for r in routes} <= {wid for wid, _ in workers}
+
+
+def test_simulated_proteus_serves_a_small_cluster_and_every_query_ends_once():
+    setup, trace = small_setup()
+    runs = {name: simulate(system, setup, trace) for name, system in
+            (("proteus", SYSTEMS["proteus"]), ("clipper-ha", SYSTEMS["clipper-ha"]), ("clipper-ht", SYSTEMS["clipper-ht"]))}
+    for run in runs.values():
+        assert len(run.result.outcome) == trace.total
+        assert np.all(run.result.outcome >= 0)
+    m = {name: run.metrics() for name, run in runs.items()}
+    late = OUTCOME_CODES[Outcome.LATE]
+    assert np.count_nonzero(runs["proteus"].result.outcome == late) == 0  # adaptive batching is never late
+    assert m["proteus"]["accuracy"] > m["clipper-ht"]["accuracy"] + 5
+    assert m["proteus"]["violation_ratio"] < m["clipper-ha"]["violation_ratio"] / 2
+    assert runs["proteus"].plans > 1
