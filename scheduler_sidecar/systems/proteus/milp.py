@@ -207,6 +207,6 @@ def plan(problem: Problem, *, step: float = OVERLOAD_STEP, floor: float = OVERLO
             break
     if solution is None:
         raise RuntimeError("proteus MILP: no demand scale is feasible, not even zero")
-    log.info("proteus MILP: demand %.0f q/s cannot be served; planned %.0f%% of it",
-             sum(problem.demand.values()), 100 * factor)
+    log.info("proteus MILP: demand %.0f q/s cannot be served; planned %.0f q/s (%.3g of it)",
+             sum(problem.demand.values()), factor * sum(problem.demand.values()), factor)
     return replace(solution, scale=factor, solve_s=time.perf_counter() - started)

@@ -15,8 +15,8 @@ INFaaS-Accuracy is not here yet (see the issue's note).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -85,9 +85,22 @@ class Run:
 
 def simulate(system: System, setup: Setup, counts: Counts, *, seed: int = 0) -> Run:
     """Run ``system`` over the trace ``counts`` (Poisson arrivals within each second, seeded)."""
+    if system.static:  # Clipper: one plan, for as much of the trace's mix as it can serve
+        initial = {f: STATIC_DEMAND_QPS * share for f, share in counts.mean_mix().items()}
+    else:  # where the artifact starts from a precomputed allocation: the trace's first 10 s
+        initial = dict(zip(counts.families, counts.per_second[:10].mean(axis=0).tolist()))
+    arrival_us, deadline_us, names = arrivals(counts, setup.slo_ms, seed=seed)
+    return simulate_queries(system, setup, counts.families, arrival_us, deadline_us, names, initial, seed=seed)
+
+
+def simulate_queries(system: System, setup: Setup, families: Sequence[str], arrival_us: np.ndarray,
+                     deadline_us: np.ndarray, names: Sequence[str], initial_demand: Mapping[str, float], *,
+                     seed: int = 0) -> Run:
+    """Run ``system`` over given queries (``names``: each one's query type); the planner starts from
+    ``initial_demand`` (q/s per type)."""
     kinds = [k for k, n in setup.cluster.items() for _ in range(n)]
     world = World(tuple(SimWorker(k, resident=frozenset()) for k in kinds), seed=seed, load_ms=setup.load_ms)
-    families = tuple(counts.families)
+    families = tuple(families)
     profiles = {f: setup.profiles[f] for f in families}
     allowed = None
     if system.variants == "ha":
@@ -95,16 +108,10 @@ def simulate(system: System, setup: Setup, counts: Counts, *, seed: int = 0) -> 
                                                         setup.config.capacity)}) for f, p in profiles.items()}
     elif system.variants == "ht":
         allowed = {f: frozenset({least_accurate(p)}) for f, p in profiles.items()}
-    if system.static:
-        mix = counts.mean_mix()
-        initial = {f: STATIC_DEMAND_QPS * mix[f] for f in families}
-    else:  # where the artifact starts from a precomputed allocation: the trace's first 10 s
-        initial = dict(zip(families, counts.per_second[:10].mean(axis=0).tolist()))
     planner = ProteusPlanner(profiles, list(enumerate(kinds)), {f: setup.slo_ms for f in families}, setup.config,
-                             initial_demand=initial, allowed=allowed, fixed_types=system.fixed_types,
+                             initial_demand=initial_demand, allowed=allowed, fixed_types=system.fixed_types,
                              static=system.static, uniform_routing=system.uniform_routing)
     policies = {f: Proteus(p, query_type=f, batching=system.batching, device=kinds[0]) for f, p in profiles.items()}
-    arrival_us, deadline_us, names = arrivals(counts, setup.slo_ms, seed=seed)
     result = Simulator(policies, world, planner=planner).run(arrival_us, deadline_us, names)
     index = {f: i for i, f in enumerate(families)}
     return Run(system.name, result, np.array([index[n] for n in names], dtype=np.int64), families, planner.plans)
@@ -132,7 +139,3 @@ def metrics(result: SimResult, window_s: int = METRIC_WINDOW_S) -> dict[str, flo
         "max_accuracy_drop": float(100 - 100 * window_acc.min()) if len(window_acc) else 0.0,
         "throughput_qps": float(met.sum() / end_s),
     }
-
-
-def variant_of(system: System, **changes) -> System:
-    return replace(system, **changes)
