@@ -11,6 +11,7 @@ from scheduler_sidecar.core.records import Outcome, Query
 from scheduler_sidecar.sim.results import OUTCOME_CODES
 from scheduler_sidecar.systems.proteus.batching import Adaptive, Aimd, AimdFull, Nexus, NexusFill, Single
 from scheduler_sidecar.systems.proteus.data import Counts, load_counts, load_profiles
+from scheduler_sidecar.systems.proteus.infaas import SLACK, InfaasPlanner
 from scheduler_sidecar.systems.proteus.planner import ProteusConfig, ProteusPlanner
 from scheduler_sidecar.systems.proteus.systems import SYSTEMS, Setup, simulate
 
@@ -133,3 +134,22 @@ def test_simulated_proteus_serves_a_small_cluster_and_every_query_ends_once():
     assert m["proteus"]["accuracy"] > m["clipper-ht"]["accuracy"] + 5
     assert m["proteus"]["violation_ratio"] < m["clipper-ha"]["violation_ratio"] / 2
     assert runs["proteus"].plans > 1
+
+
+def test_infaas_scales_a_busy_type_up_and_an_idle_one_down():
+    setup, _ = small_setup()
+    workers = [(i, k) for i, k in enumerate(["cpu"] * 4 + ["pascal"] * 2 + ["ampere"] * 2)]
+    planner = InfaasPlanner(setup.profiles, workers, {f: 300.0 for f in setup.profiles}, setup.config,
+                            initial_demand={"efficientnet": 20.0, "mobilenet": 20.0, "resnet": 20.0})
+    first = planner.plan(0, None)  # the start is Proteus' MILP
+    before = {q: planner._capacity(q) for q in setup.profiles}
+    accuracy = {q: max(planner.types[q].variant(r.variant).accuracy for r in first.detail.routes[q])
+                for q in setup.profiles}
+    for i in range(600):  # one second: mobilenet at 600 q/s, the others silent
+        planner.observe_arrival(1_000_000 + i * 1000, Query(0, 0, 0, 0, "mobilenet"))
+    plan = planner.plan(2_000_000, None)
+    assert planner._capacity("mobilenet") >= 600 / (1 - SLACK) > before["mobilenet"]
+    assert planner._capacity("resnet") < before["resnet"] or planner._capacity("efficientnet") < before["efficientnet"]
+    routes = plan.detail.routes["mobilenet"]
+    assert sum(r.share for r in routes) == pytest.approx(1.0)
+    assert all(planner.types["mobilenet"].variant(r.variant).accuracy <= accuracy["mobilenet"] for r in routes)

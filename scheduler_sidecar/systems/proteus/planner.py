@@ -52,6 +52,9 @@ class ProteusConfig:
     time_limit_s: float = milp.TIME_LIMIT_S
 
 
+DEFAULT_CONFIG = ProteusConfig()
+
+
 @dataclass(frozen=True)
 class Route:
     worker_id: int
@@ -66,11 +69,13 @@ class Routing:
 
     routes: Mapping[str, tuple[Route, ...]]  # query type -> its replicas
     demand: Mapping[str, float]  # the measured demand the plan was made for, q/s
-    solution: milp.Solution
+    solution: milp.Solution | None  # None for a heuristic planner (INFaaS-Accuracy)
 
 
 @dataclass
-class _Worker:
+class Hosting:
+    """A worker and what it hosts (the planner's view)."""
+
     id: int
     kind: str
     variant: str | None = None
@@ -105,13 +110,13 @@ class ProteusPlanner(Planner):
     """See the module notes. ``types`` maps query type -> profile; ``workers`` are (id, device kind)."""
 
     def __init__(self, types: Mapping[str, Profile], workers: Sequence[tuple[int, str]], slo_ms: Mapping[str, float],
-                 config: ProteusConfig = ProteusConfig(), *, initial_demand: Mapping[str, float] | None = None,
+                 config: ProteusConfig = DEFAULT_CONFIG, *, initial_demand: Mapping[str, float] | None = None,
                  allowed: Mapping[str, frozenset[str]] | None = None, fixed_types: bool = False,
                  static: bool = False, uniform_routing: bool = False) -> None:
         self.types = dict(types)
         self.config = config
         self.slo_ms = {q: float(slo_ms[q]) for q in self.types}
-        self.workers = [_Worker(wid, kind) for wid, kind in workers]
+        self.workers = [Hosting(wid, kind) for wid, kind in workers]
         if not self.workers:
             raise ValueError("proteus: no workers to plan for")
         self.kinds = sorted({w.kind for w in self.workers})
@@ -193,7 +198,7 @@ class ProteusPlanner(Planner):
         """Workers for each (pool, variant) of the solution, moving as few as possible."""
         wanted = Counter(solution.replicas)
         self._replicas: dict[tuple[int, str], list[int]] = {}
-        free: dict[int, list[_Worker]] = {}
+        free: dict[int, list[Hosting]] = {}
         for w, p in zip(self.workers, pool_of):  # a worker whose variant the plan keeps stays
             if w.variant is not None and wanted[p, w.variant] > 0:
                 wanted[p, w.variant] -= 1
@@ -217,7 +222,7 @@ class ProteusPlanner(Planner):
                     self._host(w, best, placement)
         return placement  # workers the plan leaves idle keep their variant (and get no traffic)
 
-    def _host(self, w: _Worker, variant: str, placement: dict[int, frozenset[str]]) -> None:
+    def _host(self, w: Hosting, variant: str, placement: dict[int, frozenset[str]]) -> None:
         w.variant, w.type = variant, self._type_of(variant)
         placement[w.id] = frozenset({self.model[variant]})
 

@@ -9,8 +9,7 @@ strategy, run in the simulator over a heterogeneous cluster; and the paper's met
 | w/o MS | MILP, most accurate SLO-feasible variants only | adaptive |
 | w/o AB | MILP | batch size 1 |
 | w/o QA | MILP, routing even over a type's replicas | adaptive |
-
-INFaaS-Accuracy is not here yet (see the issue's note).
+| infaas-accuracy | greedy autoscaler every second (:mod:`.infaas`) | work-conserving up to B_max |
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from scheduler_sidecar.sim.results import OUTCOME_CODES, SimResult
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
 from scheduler_sidecar.systems.proteus.data import Counts, arrivals
+from scheduler_sidecar.systems.proteus.infaas import InfaasPlanner
 from scheduler_sidecar.systems.proteus.planner import (
     ProteusConfig,
     ProteusPlanner,
@@ -46,6 +46,7 @@ class System:
     static: bool = False
     fixed_types: bool = False
     uniform_routing: bool = False
+    planner: str = "proteus"  # or "infaas" (INFaaS-Accuracy's greedy autoscaler)
 
 
 SYSTEMS = {s.name: s for s in (
@@ -53,6 +54,7 @@ SYSTEMS = {s.name: s for s in (
     System("clipper-ha", batching="aimd", variants="ha", static=True),
     System("clipper-ht", batching="aimd", variants="ht", static=True),
     System("sommelier", fixed_types=True),
+    System("infaas-accuracy", batching="nexus", planner="infaas"),
 )}
 ABLATIONS = {s.name: s for s in (
     System("w/o MS", variants="ha"),
@@ -108,9 +110,14 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
                                                         setup.config.capacity)}) for f, p in profiles.items()}
     elif system.variants == "ht":
         allowed = {f: frozenset({least_accurate(p)}) for f, p in profiles.items()}
-    planner = ProteusPlanner(profiles, list(enumerate(kinds)), {f: setup.slo_ms for f in families}, setup.config,
-                             initial_demand=initial_demand, allowed=allowed, fixed_types=system.fixed_types,
-                             static=system.static, uniform_routing=system.uniform_routing)
+    slo = {f: setup.slo_ms for f in families}
+    if system.planner == "infaas":
+        planner: ProteusPlanner = InfaasPlanner(profiles, list(enumerate(kinds)), slo, setup.config,
+                                                initial_demand=initial_demand)
+    else:
+        planner = ProteusPlanner(profiles, list(enumerate(kinds)), slo, setup.config, initial_demand=initial_demand,
+                                 allowed=allowed, fixed_types=system.fixed_types, static=system.static,
+                                 uniform_routing=system.uniform_routing)
     policies = {f: Proteus(p, query_type=f, batching=system.batching, device=kinds[0]) for f, p in profiles.items()}
     result = Simulator(policies, world, planner=planner).run(arrival_us, deadline_us, names)
     index = {f: i for i, f in enumerate(families)}
