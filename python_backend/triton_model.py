@@ -5,6 +5,8 @@ model's ``config.pbtxt`` parameter ``runner`` says what to run: ``supernet`` (IN
 CONTROL, see :class:`~python_backend.runners.SupernetRunner`) or ``static`` (INPUT only).
 Every request gets its own response: a request whose CONTROL names no calibrated subnet
 gets INVALID_ARGUMENT and the other requests of the same dynamic batch are still served.
+A server started with ``accscale triton --emulate-slowdown F`` emulates a slower device kind
+(:mod:`python_backend.emulation`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from python_backend import emulation
 from python_backend.control import ControlError
 from python_backend.runners import StaticRunner, SupernetRunner
 
@@ -32,6 +35,10 @@ class TritonPythonModel:
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.runner = RUNNERS[kind](version_dir, threads=int(params.get("intra_op_threads", "1")))
         self.has_control = kind == "supernet"
+        try:
+            self.slowdown = emulation.slowdown()
+        except ValueError as exc:
+            raise pb_utils.TritonModelException(str(exc)) from None
         self._warm_up(config)
 
     def _warm_up(self, config: dict) -> None:
@@ -64,12 +71,14 @@ class TritonPythonModel:
                     continue
             images.append(x)
             sizes.append(len(x))
+        start = time.perf_counter()
         try:
             outputs = iter(self._run(images, subnets, sizes))
         except Exception as exc:  # noqa: BLE001 - every request still gets its own answer
             failure = pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
             return [self._error(errors[i]) if i in errors else pb_utils.InferenceResponse(error=failure)
                     for i in range(len(requests))]
+        emulation.pad(self.slowdown, start)
         return [
             self._error(errors[i]) if i in errors
             else pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", next(outputs))])

@@ -8,6 +8,7 @@ from scheduler_sidecar.core.plan import Demand, Plan, Planner
 from scheduler_sidecar.core.records import Decision
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
+from scheduler_sidecar.systems.proteus.policy import Proteus
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 from tests.builders import make_mover, make_profile
 
@@ -76,3 +77,25 @@ def test_a_wakeup_asks_the_policy_even_with_an_empty_queue():
 
     Simulator(Waker(make_profile()), World.uniform(1)).run([0], [1_000_000])
     assert (5_000, 0) in calls
+
+
+class PlaceOnce(Planner):
+    """One plan at the start: worker 0 should hold m3 only."""
+
+    period_us = 10**9
+
+    def plan(self, now_us, demand):
+        return Plan(now_us, {0: frozenset({"m3"})})
+
+
+def test_a_plan_moves_a_worker_make_before_break():
+    """While m3 loads (50 ms) the worker keeps serving m1; m1 leaves only once m3 is in."""
+    world = World((SimWorker(resident=frozenset({"m1"})),), load_ms=50.0)
+    arrivals = list(range(0, 100_000, 5_000))
+    policy = Proteus(make_profile(), query_type="", batching="nexus")  # it runs only what a worker holds
+    result = Simulator(policy, world, planner=PlaceOnce()).run(arrivals, [a + 1_000_000 for a in arrivals])
+    assert result.summary()["met"] == len(arrivals)
+    before = [b for b in result.batches if b.start_us < 50_000]
+    after = [b for b in result.batches if b.start_us >= 50_001]
+    assert before and {b.variant_id for b in before} == {"v1"}  # served by what it held while loading
+    assert after and {b.variant_id for b in after} == {"v3"}  # and only by the new model once it is in

@@ -189,7 +189,7 @@ class Engine:
         if worker.healthy == healthy:
             return
         self.workers[i] = replace(worker, healthy=healthy, busy_until_us=None, loading_model=None,
-                                  loading_until_us=None)
+                                  loading_until_us=None, staging_model=None)
         self._views.clear()
         batch = self._running.pop(worker_id, None)
         if batch is not None:
@@ -214,7 +214,10 @@ class Engine:
         i = self._index[worker_id]
         w = self.workers[i]
         resident = w.resident | {model} if ok and w.resident is not None else w.resident
-        self.workers[i] = replace(w, resident=resident, loading_model=None, loading_until_us=None)
+        if w.staging_model == model:
+            self.workers[i] = replace(w, resident=resident, staging_model=None)
+        else:
+            self.workers[i] = replace(w, resident=resident, loading_model=None, loading_until_us=None)
         self._views.clear()
         if not ok:
             log.warning("worker %d: loading %s failed", worker_id, model)
@@ -345,18 +348,23 @@ class Engine:
         self.executor.unload(worker, unload.model)
 
     def _move_to_target(self, now: int) -> None:
-        """Carry out the plan's placement on every free worker: unload what it should not hold, load one model."""
+        """Carry out the plan's placement, make before break: load what a worker lacks while it keeps serving
+        what it holds, one model at a time; once it holds everything the plan wants, unload the rest
+        between two batches. A plan change so never leaves a worker without a model to serve."""
         for wid, target in list(self._target.items()):
-            worker = self.workers[self._index[wid]]
-            if not worker.is_free:
+            i = self._index[wid]
+            worker = self.workers[i]
+            if not worker.healthy or worker.staging_model is not None or worker.loading_model is not None:
                 continue
             resident = worker.resident if worker.resident is not None else frozenset(self._all_models())
-            for model in sorted(resident - target):
-                self._unload(Unload(wid, model))
             missing = sorted(target - resident)
             if missing:
-                self._load(Load(wid, missing[0]), now)
-            elif self.workers[self._index[wid]].loading_until_us is None:
+                self.executor.load(worker, missing[0])
+                self.workers[i] = replace(worker, staging_model=missing[0])
+                self._views.clear()
+            elif worker.is_free:
+                for model in sorted(resident - target):
+                    self._unload(Unload(wid, model))
                 del self._target[wid]
 
     def _all_models(self) -> set[str]:
@@ -397,8 +405,8 @@ class Engine:
         view = self._views.get(qt.name)
         if view is None:
             models = set(qt.models.values())
-            mine = [i for i, w in enumerate(self.workers)
-                    if w.resident is None or models & w.resident or w.loading_model in models]
+            mine = [i for i, w in enumerate(self.workers) if w.resident is None or models & w.resident
+                    or w.loading_model in models or w.staging_model in models]
             view = self._views[qt.name] = (None if len(mine) == len(self.workers) else mine,
                                            sum(self.workers[i].healthy for i in mine))
         return view
@@ -459,6 +467,11 @@ class Engine:
             policy.observe_plan(self.clock(), self.plan)
         self.step()
         return old
+
+    @property
+    def placing(self) -> bool:
+        """A plan is being made, or its placement is not carried out yet."""
+        return self._planning or bool(self._target)
 
     def workers_of(self, query_type: str) -> list[WorkerState]:
         """The workers a query type's policy sees."""

@@ -5,8 +5,9 @@ The engine counts arrivals per query type and asks for a plan every ``period_us`
 ``observe_arrival`` says a burst needs one. The simulator solves inline (and records how long
 the solve took); the live sidecar solves in a thread, so a long solve never blocks requests,
 and hands the plan to the engine when it is done. The engine moves each worker to the plan's
-placement as soon as the worker is free (a running batch finishes first; queued queries stay
-queued), and gives the plan to every policy, which routes by it.
+placement make before break: a model the worker lacks is loaded while it keeps serving what it
+holds, and what the plan no longer wants is unloaded between two batches once the new model is
+in. It gives the plan to every policy, which routes by it.
 """
 
 from __future__ import annotations

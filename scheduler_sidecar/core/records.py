@@ -67,6 +67,9 @@ class WorkerState:
     resident: frozenset[str] | None = None
     loading_model: str | None = None  # the model a load in progress brings; it serves nothing until then
     loading_until_us: int | None = None  # expected end of that load
+    # a model a plan is loading beside the ones the worker keeps serving (make before break); it joins
+    # ``resident`` when the load completes, and what the plan no longer wants leaves only then
+    staging_model: str | None = None
 
     @property
     def is_free(self) -> bool:

@@ -203,6 +203,11 @@ class LiveDriver:
                     [WorkerState(sid, healthy=healthy, device=device, resident=resident) for sid in ids])
         return ids
 
+    def use_planner(self, planner: Planner) -> None:
+        """Plan from now on (the first plan at once, then every period and on bursts)."""
+        self.engine.planner = planner
+        self._guard(self.engine.start_planning)
+
     def worker_health(self, worker: Worker, healthy: bool) -> None:
         for sid, slot in self.slots.items():
             if slot.worker is worker:

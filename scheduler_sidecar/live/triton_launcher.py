@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from python_backend.emulation import SLOWDOWN_ENV
 from scheduler_sidecar.live import die_with_parent
 
 if TYPE_CHECKING:
@@ -165,6 +166,7 @@ class TritonServer:
         log_path: Path | None = None,
         extra_args: Sequence[str] = (),
         ready_timeout_s: float = 120.0,
+        emulate_slowdown: float = 1.0,
     ) -> None:
         self._repository = Path(repository).absolute()
         self._host = host
@@ -183,6 +185,9 @@ class TritonServer:
         self._log_path = Path(log_path)
         self._extra_args = tuple(extra_args)
         self._ready_timeout_s = ready_timeout_s
+        if not emulate_slowdown >= 1:
+            raise ValueError(f"emulate_slowdown must be >= 1, got {emulate_slowdown}")
+        self._slowdown = emulate_slowdown  # python-backend models sleep to run this many times slower
         self._proc: subprocess.Popen[bytes] | None = None
         self._returncode: int | None = None
 
@@ -268,7 +273,7 @@ class TritonServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                env=install.env,
+                env={**install.env, SLOWDOWN_ENV: repr(self._slowdown)},
                 start_new_session=True,
             )
         self._returncode = None
@@ -428,6 +433,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--log", type=Path, metavar="PATH", help="file for Triton's output (default: a new temporary file)"
     )
+    parser.add_argument(
+        "--emulate-slowdown",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="emulate a device F times slower: each batch sleeps F-1 times its compute (default: 1, none)",
+    )
     parser.set_defaults(func=_run_triton)
 
 
@@ -440,6 +452,7 @@ def _run_triton(args: argparse.Namespace) -> int:
         metrics_port=0 if args.free_ports else args.metrics_port,
         models=args.model or ("*",),
         log_path=args.log,
+        emulate_slowdown=args.emulate_slowdown,
     )
     stop_requested = threading.Event()
     previous_handlers: dict[signal.Signals, Any] = {}

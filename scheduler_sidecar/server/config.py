@@ -13,6 +13,13 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
     read_timeout_s = 10.0     # an HTTP request body must arrive within this once its headers have
     idle_timeout_s = 60.0     # an HTTP connection idle this long, or stuck in its headers, is closed
 
+    [worker_devices]          # device kind per worker (a kind its profiles have); default: the profile's first
+    "127.0.0.1:8001" = "cpu"
+
+    [planner]                 # a periodic planner places variants on workers (each worker: one device, one slot)
+    kind = "proteus"          # its other keys are ProteusConfig's (period_s, burst_factor, headroom, ...)
+    period_s = 30.0
+
     [[models]]
     name = "digits"            # the logical model clients address
     profile = "build/full/profile.json"
@@ -68,6 +75,35 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: overhead_us must be >= 0")
 
 
+PLANNERS = ("proteus",)
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """A periodic planner: ``proteus`` (the MILP of ``systems/proteus``) with its config's options."""
+
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in PLANNERS:
+            raise ValueError(f"planner: unknown kind {self.kind!r}; choose one of {list(PLANNERS)}")
+        self.proteus_config()  # checks the options
+
+    def proteus_config(self):
+        """The options as a ProteusConfig (imported here: it brings the MILP solver)."""
+        from scheduler_sidecar.systems.proteus.planner import ProteusConfig
+
+        known = {f.name for f in fields(ProteusConfig) if f.name != "capacity"}
+        unknown = sorted(set(self.options) - known)
+        if unknown:
+            raise ValueError(f"planner: unknown options {unknown}; known: {sorted(known)}")
+        try:
+            return ProteusConfig(**self.options)
+        except TypeError as exc:
+            raise ValueError(f"planner: {exc}") from None
+
+
 @dataclass(frozen=True)
 class SidecarConfig:
     models: tuple[ModelSpec, ...]
@@ -83,6 +119,8 @@ class SidecarConfig:
     # slow clients: a body that trickles in, or headers that never end, must not hold a connection for ever
     read_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0
+    worker_devices: dict[str, str] = field(default_factory=dict)  # worker url -> its device kind
+    planner: PlannerSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -95,6 +133,13 @@ class SidecarConfig:
         for key in ("max_request_bytes", "max_slo_us", "read_timeout_s", "idle_timeout_s", "health_interval_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0")
+        stray = sorted(set(self.worker_devices) - set(self.workers))
+        if stray:
+            raise ValueError(f"worker_devices names workers that are not in workers: {stray}")
+        if self.planner is not None:
+            others = sorted({m.policy for m in self.models} - {self.planner.kind})
+            if others:
+                raise ValueError(f"planner {self.planner.kind!r} routes for its own policy; models use {others}")
         for spec in self.models:
             if spec.default_slo_us > self.max_slo_us:
                 raise ValueError(f"model {spec.name!r}: default_slo_us {spec.default_slo_us} is above max_slo_us "
@@ -125,4 +170,10 @@ def load(path: Path | None, **overrides: Any) -> SidecarConfig:
             raise ValueError(f"{path or 'config'}: models[{i}] needs 'name' and 'profile' and only keys of "
                              f"{sorted(model_keys)}")
         models.append(ModelSpec(**{**m, "profile": Path(m["profile"])}))
-    return SidecarConfig(models=tuple(models), **{**raw, "workers": tuple(raw.get("workers", ()))})
+    planner = raw.pop("planner", None)
+    if planner is not None:
+        if not isinstance(planner, dict) or "kind" not in planner:
+            raise ValueError(f"{path or 'config'}: [planner] needs a 'kind'")
+        planner = PlannerSpec(planner.pop("kind"), planner)
+    return SidecarConfig(models=tuple(models), planner=planner,
+                         **{**raw, "workers": tuple(raw.get("workers", ()))})

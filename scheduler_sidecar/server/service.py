@@ -20,7 +20,7 @@ from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDeni
 from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
 from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
-from scheduler_sidecar.live.workers import Worker
+from scheduler_sidecar.live.workers import Health, Worker
 from scheduler_sidecar.server.config import ModelSpec, SidecarConfig
 from scheduler_sidecar.server.memory import trim_freed_memory
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
@@ -41,23 +41,26 @@ class Sidecar:
         self.metrics = Metrics()
         self.profiles = {m.name: Profile.load(m.profile) for m in config.models}
         triton_models = {v.actuation.model for p in self.profiles.values() for v in p.variants}
-        self.pool = WorkerPool(triton_models, interval_s=config.health_interval_s)
+        # with a planner, a worker holds only what the plan places on it: its health is the server's alone
+        self.pool = WorkerPool(() if config.planner else triton_models, interval_s=config.health_interval_s)
+        self.triton_models = tuple(sorted(triton_models))
         self.models: dict[str, LiveModel] = {}
         self.infos: dict[str, ModelInfo] = {}  # what the front ends see of each model
         self.driver: LiveDriver | None = None
         self.limits = config.limits
         self._trimmer: asyncio.Task | None = None
         self._admin = asyncio.Lock()  # one policy switch at a time: a RAMSIS one may generate MDPs for seconds
+        self._resident: dict[str, frozenset[str]] = {}  # worker url -> Triton models it had ready when added
 
     async def start(self) -> None:
         """Connect to every configured worker (they must be ready), then build the logical models."""
         for url in self.config.workers:
             await self.pool.add(url, wait_s=self.config.startup_wait_s)
-        first = self.pool.workers[0]
+        self._resident = {w.url: await self._loaded(w) for w in self.pool.workers}
         pairs = []
         for spec in self.config.models:
             profile = self.profiles[spec.name]
-            inputs, outputs = await _tensors(first, profile.variants[0].actuation.model)
+            inputs, outputs = await self._tensors(profile)
             stats = ModelMetrics(self.metrics, spec.name)
             model = LiveModel(_options(spec), profile, inputs, outputs, stats)
             pairs.append((model, _policy(spec, profile, spec.policy, spec.policy_options)))
@@ -68,6 +71,8 @@ class Sidecar:
                       for m in self.models.values()}
         for worker in self.pool.workers:
             await self._add_slots(worker)
+        if self.config.planner is not None:
+            await self._first_plan()
         await self._warm_up()
         self.pool.on_change(self._worker_changed)
         self.pool.start()
@@ -107,10 +112,46 @@ class Sidecar:
 
     async def _add_slots(self, worker: Worker) -> int:
         assert self.driver is not None
-        slots = await _slots(worker, self.pool.models)
-        self.driver.add_worker(worker, slots)
+        device = self.config.worker_devices.get(worker.url)
+        if self.config.planner is None:
+            slots = await _slots(worker, self.pool.models)
+            self.driver.add_worker(worker, slots, device=device)
+        else:  # a planned worker is one device: one batch at a time, the models the plan put there
+            slots = 1
+            resident = self._resident.get(worker.url)
+            if resident is None:
+                resident = self._resident[worker.url] = await self._loaded(worker)
+            self.driver.add_worker(worker, slots, device=device, resident=resident)
         self.metrics.worker_healthy.labels(worker.url).set(1)
         return slots
+
+    async def _loaded(self, worker: Worker) -> frozenset[str]:
+        """The Triton models of our profiles that ``worker`` has ready."""
+        states = await asyncio.gather(*(worker.ready([m], self.config.health_interval_s) for m in self.triton_models))
+        return frozenset(m for m, state in zip(self.triton_models, states) if state is Health.READY)
+
+    async def _tensors(self, profile: Profile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """The tensors of a logical model, from the first worker that has one of its variants loaded."""
+        for worker in self.pool.workers:
+            for v in profile.variants:
+                if v.actuation.model in self._resident[worker.url]:
+                    return await _tensors(worker, v.actuation.model)
+        raise ConfigError(f"no worker has a variant of profile {profile.name!r} loaded; start Triton with them")
+
+    async def _first_plan(self) -> None:
+        """Build the planner, make the first plan and wait until its placement is carried out."""
+        from scheduler_sidecar.systems.proteus.planner import ProteusPlanner
+
+        assert self.driver is not None and self.config.planner is not None
+        engine = self.driver.engine
+        planner = ProteusPlanner(self.profiles, [(w.id, w.device) for w in engine.workers],
+                                 {m.name: m.default_slo_us / 1000 for m in self.config.models},
+                                 self.config.planner.proteus_config())
+        self.driver.use_planner(planner)
+        deadline = asyncio.get_running_loop().time() + self.config.startup_wait_s
+        while engine.placing and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        log.info("first plan placed: %s", {w.id: sorted(w.resident or ()) for w in engine.workers})
 
     def _worker_changed(self, worker: Worker, healthy: bool) -> None:
         self.metrics.worker_healthy.labels(worker.url).set(1 if healthy else 0)
@@ -225,7 +266,8 @@ def _options(spec: ModelSpec) -> ModelOptions:
 
 
 def _policy(spec: ModelSpec, profile: Profile, name: str, options: dict):
-    return make_policy(name, profile, **{"overhead_us": spec.overhead_us, **options})
+    routed = {"query_type": spec.name} if name == "proteus" else {}  # a plan's routes name the logical model
+    return make_policy(name, profile, **{"overhead_us": spec.overhead_us, **routed, **options})
 
 
 async def _tensors(worker: Worker, triton_model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

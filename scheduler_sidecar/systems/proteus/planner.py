@@ -33,6 +33,7 @@ from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Query
 from scheduler_sidecar.systems.proteus import milp
 from scheduler_sidecar.systems.proteus.capacity import PAPER, CapacityRule
+from scheduler_sidecar.systems.proteus.routing import Route, Routing
 
 NEVER_US = 1 << 62
 
@@ -45,6 +46,9 @@ class ProteusConfig:
     burst_factor: float = 1.2  # decision: a type above this x its planned rate ...
     burst_s: int = 2  # ... in each of this many whole seconds asks for a plan
     cooldown_s: float = 2.0  # ... unless a plan was made this recently
+    # decision: a type is planned for at least this rate, so one that went quiet keeps a replica and its next
+    # query is served (the paper's plans only ever see positive demand)
+    min_demand_qps: float = 1.0
     capacity: CapacityRule = PAPER
     headroom: float = milp.HEADROOM
     overload_step: float = milp.OVERLOAD_STEP
@@ -53,23 +57,6 @@ class ProteusConfig:
 
 
 DEFAULT_CONFIG = ProteusConfig()
-
-
-@dataclass(frozen=True)
-class Route:
-    worker_id: int
-    variant: str
-    share: float  # of the type's queries
-    max_batch: int  # B_max: the largest batch of this variant on this worker's kind within SLO/2
-
-
-@dataclass(frozen=True)
-class Routing:
-    """What a plan tells the routers (:attr:`Plan.detail` of a Proteus plan)."""
-
-    routes: Mapping[str, tuple[Route, ...]]  # query type -> its replicas
-    demand: Mapping[str, float]  # the measured demand the plan was made for, q/s
-    solution: milp.Solution | None  # None for a heuristic planner (INFaaS-Accuracy)
 
 
 @dataclass
@@ -177,7 +164,9 @@ class ProteusPlanner(Planner):
             raise RuntimeError("a static allocation is planned once")
         measured = self.demand(now_us)
         pools, pool_of = self._pools()
-        problem = milp.Problem(pools, self.options, measured, self.config.headroom)
+        floor = self.config.min_demand_qps
+        problem = milp.Problem(pools, self.options, {q: max(s, floor) for q, s in measured.items()},
+                               self.config.headroom)
         solution = milp.plan(problem, step=self.config.overload_step, floor=self.config.overload_floor,
                              time_limit_s=self.config.time_limit_s)
         placement = self._place(pools, pool_of, solution)

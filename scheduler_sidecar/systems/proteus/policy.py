@@ -21,7 +21,7 @@ from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.queue import QueueView
 from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, QueryRecord, WorkerState
 from scheduler_sidecar.systems.proteus.batching import Batching, make_batching
-from scheduler_sidecar.systems.proteus.planner import Route, Routing
+from scheduler_sidecar.systems.proteus.routing import Route, Routing
 
 
 class Proteus(Policy):
@@ -49,7 +49,7 @@ class Proteus(Policy):
         self._strategy: dict[int, Batching] = {}  # worker id -> its batching state
         self._ran_on: dict[int, int] = {}  # query id -> worker id, while its batch runs
         self._unrouted: deque[Query] = deque()  # arrivals before any worker is known
-        self._known: list[int] = []  # workers holding one of our variants, by id (the fallback routes)
+        self._known: list[int] = []  # healthy workers holding one of our variants, by id: they can serve now
         self._next = 0
 
     # ------------------------------------------------------------------ routing
@@ -71,12 +71,15 @@ class Proteus(Policy):
 
     def _pick(self) -> int | None:
         if self.routes:  # smooth weighted round-robin (nginx): the largest credit wins and pays the total
-            best = 0
-            for i, r in enumerate(self.routes):
-                self._credit[i] += r.share
+            # replicas that can serve now; one whose model is still loading gets its share once it is in
+            ready = [i for i, r in enumerate(self.routes) if r.worker_id in self._known] or range(len(self.routes))
+            best, total = ready[0], 0.0
+            for i in ready:
+                self._credit[i] += self.routes[i].share
+                total += self.routes[i].share
                 if self._credit[i] > self._credit[best]:
                     best = i
-            self._credit[best] -= 1.0
+            self._credit[best] -= total
             return self.routes[best].worker_id
         if self._known:
             self._next = (self._next + 1) % len(self._known)
@@ -156,11 +159,13 @@ class Proteus(Policy):
             self._strategy_of(wid).completed(any(r.finish_us > r.deadline_us for r in records))
 
     def _refresh(self, workers: Sequence[WorkerState]) -> None:
-        """Track which workers hold our variants; move the queue of a worker that failed or left us."""
+        """Track which workers can serve us now; move the queue of a worker that failed or left us (one that is
+        loading one of our variants keeps its queue)."""
         known = [w.id for w in workers if w.healthy and self._holds_ours(w)]
         if known != self._known:
             self._known = known
-            for wid in [w for w in self.queues if w not in known]:
+            coming = {w.id for w in workers if w.healthy and w.staging_model in self.models}
+            for wid in [w for w in self.queues if w not in known and w not in coming]:
                 self._reroute(wid)
             if known:
                 for q in list(self._unrouted):
@@ -171,12 +176,11 @@ class Proteus(Policy):
         return w.resident is None or any(m in w.resident for m in self.models)
 
     def _variant(self, w: WorkerState, route: Route | None) -> str | None:
-        """The variant to run on ``w``: the plan's if it is resident, else whichever of ours it holds."""
+        """The variant to run on ``w``: the plan's if it is resident, else the most accurate of ours it holds
+        (while the plan's loads beside it)."""
         if route is not None and w.holds(self.profile.variant(route.variant).actuation.model):
             return route.variant
-        if w.resident is None:
-            return self.profile.variants[-1].id
-        return next((vid for model, vid in sorted(self.models.items()) if model in w.resident), None)
+        return next((v.id for v in reversed(self.profile.variants) if w.holds(v.actuation.model)), None)
 
     def _take(self, wid: int, n: int) -> list[int]:
         wq = self.queues[wid]
