@@ -17,6 +17,9 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 SLOWDOWN = 3.0
 SLO = {"slo_us": 400_000}
+# live, a batch started at its last safe moment needs a margin for what the profile does not show (timer and
+# RPC jitter, the emulated device's sleep): the policy's guard_us, the tail over the median latency
+GUARD = "[models.policy_options]\nguard_us = 20000\n"
 FAMILIES = {"digits": "digits_static", "digits-b": "second_static"}  # query type -> name stem of its Triton models
 
 
@@ -63,6 +66,14 @@ def deployment(fast_build, tmp_path_factory):
         yield {"profiles": profiles, "fast": fast, "slow": slow, "models": models, "model_of": model_of, "tmp": tmp}
 
 
+def load_all(deployment) -> None:
+    """Every variant on both servers, as they started (a previous sidecar's plan unloaded most of them)."""
+    for server in (deployment["fast"], deployment["slow"]):
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            for model in deployment["models"]:
+                client.load_model(model)
+
+
 def ready_models(server: TritonServer, models) -> set[str]:
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         return {m for m in models if client.is_model_ready(m)}
@@ -72,7 +83,7 @@ def test_proteus_places_one_variant_per_device_and_serves_both_types(deployment,
     fast, slow = deployment["fast"], deployment["slow"]
     config = deployment["tmp"] / "sidecar.toml"
     models = "".join(f'[[models]]\nname = "{q}"\nprofile = "{p}"\npolicy = "proteus"\ndefault_slo_us = 400000\n'
-                     f'latency_calibration = false\n' for q, p in deployment["profiles"].items())
+                     f'latency_calibration = false\n{GUARD}' for q, p in deployment["profiles"].items())
     config.write_text(f'[worker_devices]\n"{fast.grpc_url}" = "cpu"\n"{slow.grpc_url}" = "cpu-x3"\n'
                       f'[planner]\nkind = "proteus"\nperiod_s = 2.0\n{models}')
     with SidecarServer(workers=[fast.grpc_url, slow.grpc_url], config=config) as server, \
@@ -98,3 +109,58 @@ def test_proteus_places_one_variant_per_device_and_serves_both_types(deployment,
         assert all(served.values())
         log = server.log_path.read_text()
         assert "first plan placed" in log and "Traceback" not in log, log
+
+
+def write_profile(path, query_type: str, deployment, base_ms: tuple[float, ...]) -> None:
+    """A profile that says variant i takes base_ms[i] at batch 1 (+25% a row), whatever it really takes, so the
+    planner's capacities are small enough for a test client to exceed."""
+    source = Profile.load(deployment["profiles"][query_type])
+    sizes = source.variants[0].latency["cpu"].batch_sizes
+    variants = tuple(Variant(v.id, v.accuracy, v.actuation, {
+        kind: LatencyCurve(sizes, curve, curve) for kind, f in (("cpu", 1.0), ("cpu-x3", SLOWDOWN))
+        for curve in [tuple(f * ms * (1 + 0.25 * (b - 1)) for b in sizes)]}) for v, ms in zip(source.variants, base_ms))
+    Profile(source.name, source.source, variants).save(path)
+
+
+def test_a_plan_change_under_load_loads_and_unloads_the_difference_and_drops_nothing(deployment, images):
+    """Load on one type beyond its most accurate variant's planned capacity: the next plan moves its device to a
+    faster variant (loaded beside the old one, which then leaves); every request is answered."""
+    import asyncio
+
+    import tritonclient.grpc.aio as aioclient
+
+    fast, slow = deployment["fast"], deployment["slow"]
+    tmp = deployment["tmp"]
+    for q in FAMILIES:
+        write_profile(tmp / f"{q}-small.json", q, deployment, (15.0, 25.0, 40.0))
+    config = tmp / "sidecar-change.toml"
+    models = "".join(f'[[models]]\nname = "{q}"\nprofile = "{tmp / f"{q}-small.json"}"\npolicy = "proteus"\n'
+                     'default_slo_us = 400000\nlatency_calibration = false\n' + GUARD for q in FAMILIES)
+    config.write_text(f'[worker_devices]\n"{fast.grpc_url}" = "cpu"\n"{slow.grpc_url}" = "cpu-x3"\n'
+                      f'[planner]\nkind = "proteus"\nperiod_s = 2.0\n{models}')
+    rate, seconds = 150.0, 7.0
+    load_all(deployment)
+
+    async def drive(url: str) -> list:
+        async with aioclient.InferenceServerClient(url) as client:
+            async def one(i: int):
+                await asyncio.sleep(i / rate)
+                x = images[i % len(images)]
+                result = await client.infer("digits", [grpc_input(x[None])], parameters=SLO)
+                return result.get_response().parameters["variant"].string_param
+            return await asyncio.gather(*(one(i) for i in range(int(rate * seconds))), return_exceptions=True)
+
+    with SidecarServer(workers=[fast.grpc_url, slow.grpc_url], config=config) as server:
+        before = [ready_models(t, deployment["models"]) for t in (fast, slow)]
+        answers = asyncio.run(drive(server.grpc_url))
+        after = [ready_models(t, deployment["models"]) for t in (fast, slow)]
+        log = server.log_path.read_text()
+    errors = [a for a in answers if isinstance(a, Exception)]
+    assert not errors, errors[:3]  # every request answered, through the plan change
+    assert len(set(answers)) >= 2  # the digits type was served by a faster variant after the change
+    assert [len(p) for p in after] == [1, 1]  # the old variant left once the new one was in
+    changed = [i for i in (0, 1) if before[i] != after[i]]
+    assert changed, (before, after)
+    for i in changed:
+        (model,) = after[i]
+        assert f"loaded {model} on" in log  # measured: the simulator's actuation delay

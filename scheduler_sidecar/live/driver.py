@@ -388,6 +388,8 @@ class LiveDriver:
             self._guard(self.engine.load_done, slot_id, model, False)
             return
         self._load_us[model] = self.clock() - start
+        # what a simulation of this deployment takes as its actuation delay (reproduce proteus --load-ms)
+        log.info("loaded %s on %s in %.0f ms", model, self.slots[slot_id].label, self._load_us[model] / 1000)
         self._guard(self.engine.load_done, slot_id, model, True)
 
     def unload(self, worker: WorkerState, model: str) -> None:

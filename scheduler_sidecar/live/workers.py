@@ -80,7 +80,7 @@ class Worker(Protocol):
     async def unload(self, model: str) -> None: ...
 
     async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
-        """Whether the server and every named model are ready."""
+        """Whether the server and every named model are ready (with none named: whether the server is live)."""
 
     async def describe(self, model: str) -> ModelDescription: ...
 
@@ -134,8 +134,14 @@ class TritonWorker:
             raise _worker_error(self.url, exc) from exc
 
     async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
+        models = tuple(models)
         try:
-            if not (await self.stub.ServerReady(pb.ServerReadyRequest(), timeout=timeout_s)).ready:
+            # with no model named (a planner loads and unloads them) the server need only be live: under
+            # --strict-readiness it reports not ready while a model loads
+            if not models:
+                if not (await self.stub.ServerLive(pb.ServerLiveRequest(), timeout=timeout_s)).live:
+                    return Health.NOT_READY
+            elif not (await self.stub.ServerReady(pb.ServerReadyRequest(), timeout=timeout_s)).ready:
                 return Health.NOT_READY
             for name in models:
                 if not (await self.stub.ModelReady(pb.ModelReadyRequest(name=name), timeout=timeout_s)).ready:

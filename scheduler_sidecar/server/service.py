@@ -33,6 +33,7 @@ SERVER_NAME = "accscale"
 EXTENSIONS = ("binary_tensor_data", "parameters", "model_configuration")
 PLATFORM = "accscale_sidecar"
 MODEL_VERSION = "1"
+WARM_UP_SLO_US = 1_000_000
 
 
 class Sidecar:
@@ -85,16 +86,19 @@ class Sidecar:
         Right after start, a burst with a 30 ms SLO lost a third of its requests to DEADLINE_EXCEEDED
         and the same burst a moment later none (issue 14): first requests pay for what no profile
         shows (the policy building its option tables, the first RPCs on a channel, Triton's first
-        executions). One request per worker slot, at once, and each with the longest SLO allowed; one
-        that fails (a queue limit below the slot count) is logged, and the sidecar starts all the same.
+        executions). One request per worker slot, at once, each with an SLO of the model's default or
+        WARM_UP_SLO_US if longer (not the longest allowed: a non-work-conserving policy such as Proteus'
+        holds a lone query until its deadline nears); one that fails (a queue limit below the slot count,
+        a deadline missed cold) is logged, and the sidecar starts all the same.
         """
         assert self.driver is not None
         slots = len(self.driver.slots)
         for model in self.models.values():
             rows = {t.name: bytes(t.row_bytes) for t in model.inputs.values()}
+            slo_us = min(self.limits.max_slo_us, max(model.options.default_slo_us, WARM_UP_SLO_US))
             stats, model.stats = model.stats, ModelMetrics(Metrics(), model.name)  # /metrics counts clients only
             try:
-                answers = await asyncio.gather(*(model.infer(rows, self.limits.max_slo_us) for _ in range(slots)),
+                answers = await asyncio.gather(*(model.infer(rows, slo_us) for _ in range(slots)),
                                                return_exceptions=True)
             finally:
                 model.stats = stats

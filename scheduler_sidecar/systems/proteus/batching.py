@@ -2,8 +2,10 @@
 
 Each strategy looks at one free worker's queue (earliest deadline first)
 and says what to do now: drop hopeless head queries, dispatch a batch of k, or wait until a
-time. ``latency(k)`` is the batch latency on that worker (the profile's, plus the live guard
-margin); ``max_batch`` is B_max, the largest batch within SLO/2 (§4).
+time. ``latency(k)`` is the batch latency on that worker (the profile's); ``max_batch`` is B_max,
+the largest batch within SLO/2 (§4). A strategy that waits for a last safe moment starts
+``guard_us`` before it (live: the tail over the median latency, and the timer's own lateness),
+so that a batch slower than its median still makes the deadline.
 
 Decisions on what the paper leaves open, shared by every strategy:
 - A head query that would miss its deadline in the batch the worker would run now (the
@@ -39,6 +41,9 @@ WAIT = Action()
 
 class Batching(abc.ABC):
     name: str
+
+    def __init__(self, guard_us: int = 0) -> None:
+        self.guard_us = guard_us
 
     def decide(self, now_us: int, queue: deque[Query], latency: Latency, max_batch: int) -> Action:
         """What to do with the queue of a free worker (``queue`` is not empty)."""
@@ -77,7 +82,7 @@ class Adaptive(Batching):
         q = len(queue)
         if q >= max_batch:
             return Action(dispatch=max_batch)
-        wait_until = queue[0].deadline_us - latency(q + 1)
+        wait_until = queue[0].deadline_us - latency(q + 1) - self.guard_us
         if now_us < wait_until:
             return Action(wakeup_us=wait_until)
         return Action(dispatch=q)
@@ -114,7 +119,7 @@ class NexusFill(Batching):
     def form(self, now_us, queue, latency, max_batch):
         if len(queue) >= max_batch:
             return Action(dispatch=max_batch)
-        wait_until = queue[0].deadline_us - latency(max_batch)
+        wait_until = queue[0].deadline_us - latency(max_batch) - self.guard_us
         if now_us < wait_until:
             return Action(wakeup_us=wait_until)
         return Action(dispatch=len(queue))
@@ -129,7 +134,8 @@ class Aimd(Batching):
     increase = 1
     backoff = 0.9
 
-    def __init__(self, limit: int = 8) -> None:
+    def __init__(self, guard_us: int = 0, limit: int = 8) -> None:
+        super().__init__(guard_us)
         self.limit = limit  # the largest profiled batch: what the worker can run
         self.cap = 1.0
 
@@ -150,7 +156,8 @@ class AimdFull(Batching):
     name = "aimd-artifact"
     sizes = (1, 2, 4, 8)
 
-    def __init__(self, limit: int = 8) -> None:
+    def __init__(self, guard_us: int = 0, limit: int = 8) -> None:
+        super().__init__(guard_us)
         self.sizes = tuple(s for s in self.sizes if s <= limit) or (1,)
         self.step = 0
 
@@ -168,7 +175,7 @@ class AimdFull(Batching):
 STRATEGIES: dict[str, type[Batching]] = {b.name: b for b in (Adaptive, Single, Nexus, NexusFill, Aimd, AimdFull)}
 
 
-def make_batching(name: str) -> Batching:
+def make_batching(name: str, guard_us: int = 0) -> Batching:
     if name not in STRATEGIES:
         raise ValueError(f"unknown batching {name!r}; choose one of {sorted(STRATEGIES)}")
-    return STRATEGIES[name]()
+    return STRATEGIES[name](guard_us)

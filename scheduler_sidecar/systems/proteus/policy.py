@@ -26,8 +26,9 @@ from scheduler_sidecar.systems.proteus.routing import Route, Routing
 
 class Proteus(Policy):
     """Options: ``query_type`` (the name the planner's routes use; default the profile's name), ``batching``
-    (a :data:`~.batching.STRATEGIES` name) and ``guard_us``, added to every profiled batch latency (live:
-    the tail over the median, so a batch started at its last safe moment still makes it)."""
+    (a :data:`~.batching.STRATEGIES` name) and ``guard_us``, how long before its last safe moment a waiting
+    worker starts a batch (0 in simulation, where batches take their profiled latency; live, the tail over
+    the median latency plus the timer's lateness)."""
 
     name = "proteus"
 
@@ -70,9 +71,14 @@ class Proteus(Policy):
             self._enqueue(wid, query)
 
     def _pick(self) -> int | None:
+        # the plan's replicas that can serve now (one whose model still loads gets its share once it is in);
+        # with none of them ready, whichever workers still hold one of our variants; with none, the plan's
+        ready = [i for i, r in enumerate(self.routes) if r.worker_id in self._known]
+        if not ready and self._known:
+            self._next = (self._next + 1) % len(self._known)
+            return self._known[self._next]
         if self.routes:  # smooth weighted round-robin (nginx): the largest credit wins and pays the total
-            # replicas that can serve now; one whose model is still loading gets its share once it is in
-            ready = [i for i, r in enumerate(self.routes) if r.worker_id in self._known] or range(len(self.routes))
+            ready = ready or list(range(len(self.routes)))
             best, total = ready[0], 0.0
             for i in ready:
                 self._credit[i] += self.routes[i].share
@@ -81,9 +87,6 @@ class Proteus(Policy):
                     best = i
             self._credit[best] -= total
             return self.routes[best].worker_id
-        if self._known:
-            self._next = (self._next + 1) % len(self._known)
-            return self._known[self._next]
         return None
 
     def _enqueue(self, wid: int, query: Query) -> None:
@@ -135,7 +138,7 @@ class Proteus(Policy):
             max_batch = route.max_batch if route is not None and route.variant == variant else 1
 
             def latency(k: int, variant=variant, device=w.device) -> int:
-                return self.latency.us(variant, k, device) + self.guard_us + self.overhead_us
+                return self.latency.us(variant, k, device) + self.overhead_us
 
             action = self._strategy_of(w.id).decide(now_us, wq, latency, max(1, min(max_batch, self.max_batch)))
             if action.drop:
@@ -192,5 +195,5 @@ class Proteus(Policy):
     def _strategy_of(self, wid: int) -> Batching:
         strategy = self._strategy.get(wid)
         if strategy is None:
-            strategy = self._strategy[wid] = make_batching(self.batching)
+            strategy = self._strategy[wid] = make_batching(self.batching, self.guard_us)
         return strategy
