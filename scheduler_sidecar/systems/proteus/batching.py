@@ -45,15 +45,18 @@ class Batching(abc.ABC):
     def __init__(self, guard_us: int = 0) -> None:
         self.guard_us = guard_us
 
-    def decide(self, now_us: int, queue: deque[Query], latency: Latency, max_batch: int) -> Action:
-        """What to do with the queue of a free worker (``queue`` is not empty)."""
-        drop, left = 0, len(queue)
-        for q in queue:
-            if now_us + latency(self.next_batch(left, max_batch)) <= q.deadline_us:
-                break
-            drop, left = drop + 1, left - 1
-        if drop:
-            return Action(drop=drop)
+    def decide(self, now_us: int, queue: deque[Query], latency: Latency, max_batch: int,
+               drop_late: bool = True) -> Action:
+        """What to do with the queue of a free worker (``queue`` is not empty); ``drop_late`` False serves late
+        queries instead of dropping them (a policy's ``late_queries="serve"``)."""
+        if drop_late:
+            drop, left = 0, len(queue)
+            for q in queue:
+                if now_us + latency(self.next_batch(left, max_batch)) <= q.deadline_us:
+                    break
+                drop, left = drop + 1, left - 1
+            if drop:
+                return Action(drop=drop)
         return self.form(now_us, queue, latency, max_batch)
 
     def next_batch(self, queued: int, max_batch: int) -> int:

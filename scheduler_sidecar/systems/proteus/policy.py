@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from scheduler_sidecar.core.plan import Plan
-from scheduler_sidecar.core.policy import Policy
+from scheduler_sidecar.core.policy import LateQueries, Policy
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.queue import QueueView
 from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, QueryRecord, WorkerState
@@ -140,7 +140,8 @@ class Proteus(Policy):
             def latency(k: int, variant=variant, device=w.device) -> int:
                 return self.latency.us(variant, k, device) + self.overhead_us
 
-            action = self._strategy_of(w.id).decide(now_us, wq, latency, max(1, min(max_batch, self.max_batch)))
+            action = self._strategy_of(w.id).decide(now_us, wq, latency, max(1, min(max_batch, self.max_batch)),
+                                                    self.late_queries is LateQueries.DROP)
             if action.drop:
                 dropped.extend(self._take(w.id, action.drop))
             elif action.dispatch:
