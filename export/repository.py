@@ -86,9 +86,14 @@ def write_supernet(repository: Path, name: str, model: onnx.ModelProto, table: S
 
 def write_static(repository: Path, name: str, model: onnx.ModelProto, image_size: int, num_classes: int,
                  subnet_id: str, *, max_batch_size: int = 64, instances: int = 1, threads: int = 1) -> Path:
-    config = _config(
-        name, [("INPUT", "TYPE_FP32", [1, image_size, image_size])], num_classes,
-        {"runner": "static", "intra_op_threads": str(threads), "subnet": subnet_id},
-        max_batch_size, instances,
-    )
+    return write_model(repository, name, model, [1, image_size, image_size], num_classes,
+                       {"runner": "static", "intra_op_threads": str(threads), "subnet": subnet_id},
+                       max_batch_size=max_batch_size, instances=instances)
+
+
+def write_model(repository: Path, name: str, model: onnx.ModelProto, input_dims: list[int], num_classes: int,
+                params: dict[str, str], *, max_batch_size: int = 64, instances: int = 1) -> Path:
+    """A python-backend model with one FP32 ``INPUT`` of ``input_dims`` (no batch dimension) and ``LOGITS``."""
+    config = _config(name, [("INPUT", "TYPE_FP32", list(input_dims))], num_classes, params, max_batch_size,
+                     instances)
     return _write_model(repository, name, model, config, {})

@@ -1,17 +1,28 @@
 """Emulated device kinds: a Triton server whose models run a fixed factor slower than this machine.
 
 Proteus plans over heterogeneous devices; on one CPU machine a slower kind is emulated by a
-tritonserver started with ``ACCSCALE_EMULATED_SLOWDOWN=f``: every batch sleeps ``f - 1`` times its
-compute time after computing. The sleep leaves the cores free, so several emulated devices share a
-small machine, and a profile's curves for that kind are the measured ones times ``f``.
+tritonserver started with ``ACCSCALE_EMULATED_SLOWDOWN=f``. After computing a batch, a model
+sleeps until the batch has taken ``f`` times its profiled latency at that size, when its version
+folder has the profile (``latency.json``: ``{"batch_sizes": [...], "p50_ms": [...]}``, a size between
+profiled ones taking the next one's), or else ``f - 1`` times the median compute of its recent
+batches of that size. Either way a batch the machine happened to slow down is not slowed ``f``
+times more, and a profile's curves for that kind are the measured ones times ``f``. The sleep leaves
+the cores free, so several emulated devices share a small machine.
 """
 
 from __future__ import annotations
 
+import bisect
+import json
 import os
+import statistics
 import time
+from collections import deque
+from pathlib import Path
 
 SLOWDOWN_ENV = "ACCSCALE_EMULATED_SLOWDOWN"
+LATENCY_FILE = "latency.json"
+WINDOW = 32  # recent batches per size whose median sets the padding of a model with no profile
 
 
 def slowdown() -> float:
@@ -22,7 +33,31 @@ def slowdown() -> float:
     return factor
 
 
-def pad(factor: float, started: float) -> None:
-    """Sleep so that the work begun at ``started`` (``time.perf_counter()``) takes ``factor`` times as long."""
-    if factor > 1:
-        time.sleep((factor - 1) * (time.perf_counter() - started))
+def write_latency(version_dir: Path, batch_sizes: list[int], p50_ms: list[float]) -> None:
+    (version_dir / LATENCY_FILE).write_text(json.dumps({"batch_sizes": batch_sizes, "p50_ms": p50_ms}))
+
+
+class Padding:
+    """Sleeps after each batch to emulate a device ``factor`` times slower (see the module docstring)."""
+
+    def __init__(self, factor: float, version_dir: Path) -> None:
+        self.factor = factor
+        path = version_dir / LATENCY_FILE
+        profile = json.loads(path.read_text()) if path.exists() else None
+        self.sizes = profile["batch_sizes"] if profile else None
+        self.ms = profile["p50_ms"] if profile else None
+        self._recent: dict[int, deque[float]] = {}
+
+    def pad(self, batch_size: int, started: float) -> None:
+        """The batch of ``batch_size`` rows began computing at ``started`` (``time.perf_counter()``)."""
+        if self.factor > 1:
+            time.sleep(self.delay(batch_size, time.perf_counter() - started))
+
+    def delay(self, batch_size: int, took: float) -> float:
+        """Seconds to sleep after a batch of ``batch_size`` rows that computed for ``took`` seconds."""
+        if self.sizes is not None:
+            i = min(bisect.bisect_left(self.sizes, batch_size), len(self.sizes) - 1)
+            return max(0.0, self.factor * self.ms[i] / 1000 - took)
+        recent = self._recent.setdefault(batch_size, deque(maxlen=WINDOW))
+        recent.append(took)
+        return (self.factor - 1) * statistics.median(recent)

@@ -36,7 +36,7 @@ class TritonPythonModel:
         self.runner = RUNNERS[kind](version_dir, threads=int(params.get("intra_op_threads", "1")))
         self.has_control = kind == "supernet"
         try:
-            self.slowdown = emulation.slowdown()
+            self.padding = emulation.Padding(emulation.slowdown(), version_dir)
         except ValueError as exc:
             raise pb_utils.TritonModelException(str(exc)) from None
         self._warm_up(config)
@@ -78,7 +78,7 @@ class TritonPythonModel:
             failure = pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
             return [self._error(errors[i]) if i in errors else pb_utils.InferenceResponse(error=failure)
                     for i in range(len(requests))]
-        emulation.pad(self.slowdown, start)
+        self.padding.pad(sum(sizes), start)
         return [
             self._error(errors[i]) if i in errors
             else pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", next(outputs))])

@@ -164,3 +164,21 @@ def test_a_plan_change_under_load_loads_and_unloads_the_difference_and_drops_not
     for i in changed:
         (model,) = after[i]
         assert f"loaded {model} on" in log  # measured: the simulator's actuation delay
+
+
+def test_the_proteus_demo_serves_three_query_types(fast_build, tmp_path):
+    """`accscale demo proteus`, briefly: three trained families, four emulated devices, every request accounted."""
+    import csv
+
+    from scheduler_sidecar.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "proteus", "--duration-s", "6", "--base-qps", "5", "--burst-qps", "20",
+                 "--period-s", "2", "--out", str(out)]) == 0
+    with open(out / "windows.csv") as f:
+        rows = list(csv.DictReader(f))
+    by_type = {q: [r for r in rows if r["type"] == q] for q in ("digits", "wine", "cancer")}
+    for q, rs in by_type.items():
+        assert sum(int(r["met"]) for r in rs) > 0, q
+        assert all(int(r["sent"]) == int(r["met"]) + int(r["late"]) + int(r["refused"]) for r in rs)
+    assert "first plan placed" in (out / "sidecar.log").read_text()

@@ -1,4 +1,5 @@
-"""``accscale demo``: the whole system on the default supernet, one bursty trace, three policies.
+"""``accscale demo``: the whole system on the default supernet, one bursty trace, three policies
+(``accscale demo proteus``: Proteus' live demo, :mod:`.proteus_demo`).
 
 Builds (or reuses) the full-preset supernet and its profile, starts Triton and the sidecar
 on free loopback ports, replays one bursty trace with Locust for SlackFit and for two
@@ -19,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from export.commands import add_build_options
+from scheduler_sidecar.experiments import proteus_demo
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ms", type=float, default=36.0, help="every request's SLO (default: 36, SuperServe Fig. 9)")
     p.add_argument("--out", type=Path, help="where runs and the report go (default: runs/demo-<time>)")
     p.set_defaults(func=run)
+    systems = p.add_subparsers(dest="system", metavar="SYSTEM", help="another system's live demo (default: "
+                               "SuperServe's, above)")
+    proteus_demo.register(systems)
 
 
 def run(args: argparse.Namespace) -> int:

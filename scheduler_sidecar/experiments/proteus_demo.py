@@ -1,0 +1,173 @@
+"""``accscale demo proteus``: three query types from one pool of emulated heterogeneous devices, live.
+
+Builds (or reuses) three model families (:mod:`export.families`: digits subnets, wine and breast-cancer
+MLPs, three variants each), starts four Triton servers as four devices of two emulated kinds (one
+``--slow``, one ``--slower`` times this machine; each batch sleeps to that), and the sidecar with a
+Proteus planner in front of them. It then sends each query type its own Poisson stream with
+``tritonclient`` (gRPC, open loop) at ``--base-qps``, with a burst of ``--burst-qps`` on ``digits``
+in the middle third, and prints per window and type what was sent, met, refused and the mean
+accuracy served, with what each device held. Written to --out: ``windows.csv`` and ``summary.md``.
+
+The device kinds are emulated (the padding sleeps), so latencies are this machine's times the factor:
+the numbers show the mechanism (variants placed, moved and scaled with the load), not any real GPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from export.presets import DEFAULT_BUILD_DIR
+
+KINDS = {"slow": 100.0, "slower": 300.0}  # emulated device kinds: how many times slower than this machine
+DEVICES = ("slow", "slow", "slower", "slower")
+WINDOW_S = 5.0
+
+
+def register(demos: argparse._SubParsersAction) -> None:
+    p = demos.add_parser("proteus", help="Proteus live: three query types, four emulated devices, a burst",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration-s", type=float, default=60.0, help="how long to send (default: 60)")
+    p.add_argument("--base-qps", type=float, default=20.0, help="each type's steady rate (default: 20)")
+    p.add_argument("--burst-qps", type=float, default=250.0, help="digits' rate in the middle third (default: 250)")
+    p.add_argument("--slo-ms", type=float, default=100.0, help="every request's SLO (default: 100)")
+    p.add_argument("--period-s", type=float, default=10.0, help="the planner's period (default: 10)")
+    p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
+    p.add_argument("--out", type=Path, help="where the results go (default: runs/proteus-demo-<time>)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from export.families import build
+    from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
+
+    out = args.out or Path("runs") / time.strftime("proteus-demo-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    folder = args.build_dir / "proteus-demo"
+    paths = build(folder, KINDS, args.build_dir)
+    profiles = {q: Profile.load(p) for q, p in paths.items()}
+    for q, p in profiles.items():
+        print(f"{q:<7} " + ", ".join(f"{v.id} {100 * v.accuracy:.1f}%" for v in p.variants))
+    models = [v.actuation.model for p in profiles.values() for v in p.variants]
+    with contextlib.ExitStack() as stack:
+        tritons = [stack.enter_context(TritonServer(repository=folder / "repository", models=models,
+                                                    emulate_slowdown=KINDS[kind])) for kind in DEVICES]
+        config = out / "sidecar.toml"
+        config.write_text(_config(tritons, paths, args))
+        sidecar = stack.enter_context(SidecarServer(workers=[t.grpc_url for t in tritons], config=config))
+        print(f"sidecar at {sidecar.grpc_url}; devices " + ", ".join(
+            f"{t.grpc_url} ({kind})" for t, kind in zip(tritons, DEVICES)))
+        rows = asyncio.run(_drive(sidecar.grpc_url, tritons, profiles, models, args))
+        (out / "sidecar.log").write_text(sidecar.log_path.read_text())
+    _write(out, rows, args)
+    return 0
+
+
+def _config(tritons, paths, args) -> str:
+    devices = "".join(f'"{t.grpc_url}" = "{kind}"\n' for t, kind in zip(tritons, DEVICES))
+    models = "".join(f'[[models]]\nname = "{q}"\nprofile = "{p}"\npolicy = "proteus"\n'
+                     f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n'
+                     '[models.policy_options]\nguard_us = 20000\n' for q, p in paths.items())
+    return f'[worker_devices]\n{devices}[planner]\nkind = "proteus"\nperiod_s = {args.period_s}\n{models}'
+
+
+def _rate(q: str, t: float, args) -> float:
+    burst = q == "digits" and args.duration_s / 3 <= t < 2 * args.duration_s / 3
+    return args.burst_qps if burst else args.base_qps
+
+
+async def _drive(url: str, tritons, profiles, models, args) -> list[dict]:
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    from export import data
+    from export.families import tabular
+
+    inputs = {"digits": data.load(16)["heldout"].images, "wine": tabular("wine")[2], "cancer": tabular("cancer")[2]}
+    accuracy = {v.id: v.accuracy for p in profiles.values() for v in p.variants}
+    stats: dict[tuple[int, str], dict] = defaultdict(lambda: {"sent": 0, "met": 0, "late": 0, "refused": 0,
+                                                              "accuracy": 0.0})
+    rng = np.random.default_rng(0)
+    slo_s = args.slo_ms / 1000
+    tasks = []
+    async with aioclient.InferenceServerClient(url) as client:
+        async def one(q: str, i: int, window: int) -> None:
+            x = inputs[q][i % len(inputs[q])][None].astype(np.float32)
+            tensor = aioclient.InferInput("INPUT", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            s = stats[window, q]
+            s["sent"] += 1
+            start = time.monotonic()
+            try:
+                result = await client.infer(q, [tensor], parameters={"slo_us": round(args.slo_ms * 1000)})
+            except InferenceServerException:
+                s["refused"] += 1
+                return
+            if time.monotonic() - start > slo_s:
+                s["late"] += 1
+                return
+            s["met"] += 1
+            s["accuracy"] += accuracy[result.get_response().parameters["variant"].string_param]
+
+        async def stream(q: str) -> None:
+            begin = time.monotonic()
+            t, i = 0.0, 0
+            while t < args.duration_s:
+                t += rng.exponential(1 / _rate(q, t, args))
+                await asyncio.sleep(max(0.0, begin + t - time.monotonic()))
+                tasks.append(asyncio.ensure_future(one(q, i, int(t // WINDOW_S))))
+                i += 1
+
+        placements = asyncio.ensure_future(_watch(tritons, models, args.duration_s))
+        await asyncio.gather(*(stream(q) for q in profiles))
+        await asyncio.gather(*tasks)
+        held = await placements
+    rows = []
+    for (window, q), s in sorted(stats.items()):
+        rows.append({"window_s": window * WINDOW_S, "type": q, "sent": s["sent"], "met": s["met"], "late": s["late"],
+                     "refused": s["refused"], "accuracy": round(100 * s["accuracy"] / s["met"], 2) if s["met"] else "",
+                     "devices": held.get(window, "")})
+    return rows
+
+
+async def _watch(tritons, models, duration_s: float) -> dict[int, str]:
+    """What each device holds, once per window."""
+    import tritonclient.grpc.aio as aioclient
+
+    held: dict[int, str] = {}
+    for window in range(int(duration_s // WINDOW_S) + 1):
+        names = []
+        for t in tritons:
+            async with aioclient.InferenceServerClient(t.grpc_url) as c:
+                ready = [m for m in models if await c.is_model_ready(m)]
+            names.append("+".join(ready) or "-")
+        held[window] = " | ".join(names)
+        await asyncio.sleep(WINDOW_S)
+    return held
+
+
+def _write(out: Path, rows: list[dict], args) -> None:
+    with open(out / "windows.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| window (s) | type | sent | met | late | refused | accuracy (%) | devices |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['window_s']:g} | {r['type']} | {r['sent']} | {r['met']} | {r['late']} | {r['refused']} | "
+              f"{r['accuracy']} | {r['devices'] if r['type'] == 'cancer' else ''} |" for r in rows]
+    total = {k: sum(r[k] for r in rows) for k in ("sent", "met", "late", "refused")}
+    summary = (f"# Proteus live demo\n\n{args.base_qps:g} q/s per type, {args.burst_qps:g} q/s of digits in the "
+               f"middle third, SLO {args.slo_ms:g} ms, {args.duration_s:g} s; devices {', '.join(DEVICES)}.\n\n"
+               f"Sent {total['sent']}, met {total['met']}, late {total['late']}, refused {total['refused']}.\n\n"
+               + "\n".join(lines) + "\n")
+    (out / "summary.md").write_text(summary)
+    print(summary)

@@ -1,0 +1,37 @@
+"""The demo's model families (export.families) and the emulated device kinds' padding (python_backend.emulation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from export.families import mlp_onnx, tabular, train_mlp
+from python_backend.emulation import Padding, write_latency
+
+
+def test_an_mlp_written_as_onnx_computes_what_its_weights_do(tmp_path):
+    import onnxruntime as ort
+
+    x_train, y_train, x_test, y_test = tabular("wine")
+    weights = train_mlp(x_train, y_train, (16,))
+    session = ort.InferenceSession(mlp_onnx(weights, "m").SerializeToString())
+    h = x_test
+    for i, (w, b) in enumerate(weights):
+        h = h @ w.T + b
+        h = np.maximum(h, 0) if i < len(weights) - 1 else h
+    np.testing.assert_allclose(session.run(["LOGITS"], {"INPUT": x_test})[0], h, rtol=1e-4, atol=1e-4)
+    assert (h.argmax(axis=1) == y_test).mean() > 0.8  # it learned the task (3 classes, chance 0.4)
+
+
+def test_padding_stretches_a_batch_to_the_factor_times_its_profiled_latency(tmp_path):
+    write_latency(tmp_path, [1, 2, 4, 8], [1.0, 1.5, 2.0, 4.0])
+    padding = Padding(10.0, tmp_path)
+    assert padding.delay(1, 0.0004) == pytest.approx(0.0100 - 0.0004)
+    assert padding.delay(3, 0.001) == pytest.approx(0.020 - 0.001)  # a batch of 3 runs as the profiled 4
+    assert padding.delay(8, 0.050) == 0.0  # a batch the machine slowed down past its target is not slowed more
+
+
+def test_padding_without_a_profile_follows_the_median_compute(tmp_path):
+    padding = Padding(3.0, tmp_path)
+    delays = [padding.delay(4, took) for took in (0.002, 0.002, 0.020)]  # the third batch was slowed down
+    assert delays == pytest.approx([0.004, 0.004, 0.004])
