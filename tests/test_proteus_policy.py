@@ -115,7 +115,7 @@ def test_a_plan_change_moves_few_workers_and_idle_workers_keep_their_variant():
     first = planner.plan(0, None)
     assert len(first.placement) == len(workers)  # every worker got a variant at the start
     same = planner.plan(500_000, None)  # within the first second the demand is still the initial guess
-    assert same.placement == {}  # nothing moves
+    assert same.placement == first.placement  # nothing moves: every worker keeps what it holds
     for routes in same.detail.routes.values():
         assert sum(r.share for r in routes) == pytest.approx(1.0)
         assert {r.worker_id for r in routes} <= {wid for wid, _ in workers}
@@ -153,3 +153,22 @@ def test_infaas_scales_a_busy_type_up_and_an_idle_one_down():
     routes = plan.detail.routes["mobilenet"]
     assert sum(r.share for r in routes) == pytest.approx(1.0)
     assert all(planner.types["mobilenet"].variant(r.variant).accuracy <= accuracy["mobilenet"] for r in routes)
+
+
+def test_a_type_no_worker_can_serve_does_not_empty_the_plan():
+    """A query type whose variants all miss SLO/2 on every kind is left out; the others are planned as before."""
+    setup, _ = small_setup()
+    slo = {f: 300.0 for f in setup.profiles} | {"resnet": 1.0}  # 1 ms: no resnet variant fits anywhere
+    planner = ProteusPlanner(setup.profiles, [(i, "pascal") for i in range(4)], slo, setup.config,
+                             initial_demand={"efficientnet": 50.0, "mobilenet": 50.0, "resnet": 50.0})
+    plan = planner.plan(0, None)
+    assert plan.detail.routes["resnet"] == ()
+    assert plan.detail.routes["efficientnet"] and plan.detail.routes["mobilenet"]
+    assert plan.detail.solution.scale == 1.0
+
+
+@pytest.mark.parametrize("bad", [{"period_s": 0}, {"overload_step": 0}, {"ewma_window_s": 0}, {"burst_s": 1.5},
+                                 {"headroom": -1}])
+def test_proteus_config_refuses_values_that_would_hang_or_divide_by_zero(bad):
+    with pytest.raises(ValueError, match="proteus"):
+        ProteusConfig(**bad)

@@ -222,6 +222,9 @@ class Engine:
         if not ok:
             log.warning("worker %d: loading %s failed", worker_id, model)
             self._target.pop(worker_id, None)  # do not retry a failed placement in a loop
+            for qt in self.types.values():  # a type left with no worker at all: its queries get an answer now
+                if not self._num_healthy(qt):
+                    self._fail_queued(qt, Unavailable(f"no healthy worker (loading {model} failed)"))
         self.step()
 
     def wakeup(self) -> None:
@@ -244,7 +247,7 @@ class Engine:
         if self.planner is None or self._planning:
             return
         now = self.clock()
-        demand = Demand(self._demand_since_us, now, dict(self._arrivals))
+        demand = Demand(self._demand_since_us, now, dict(self._arrivals), tuple(self.workers))
         self._arrivals.clear()
         self._demand_since_us = now
         self._planning = True

@@ -16,7 +16,7 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scheduler_sidecar.core.records import Query
+from scheduler_sidecar.core.records import Query, WorkerState
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,7 @@ class Demand:
     since_us: int
     until_us: int
     arrivals: Mapping[str, int]  # query type -> queries that arrived in [since_us, until_us)
+    workers: tuple[WorkerState, ...] = ()  # the pool as the engine sees it when the plan is asked for
 
     def rate_qps(self, query_type: str) -> float:
         span_us = self.until_us - self.since_us

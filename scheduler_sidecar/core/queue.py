@@ -106,6 +106,9 @@ class QueueView:
     def __len__(self) -> int:
         return len(self._queue)
 
+    def __contains__(self, query_id: int) -> bool:
+        return query_id in self._queue
+
     def peek(self) -> Query:
         """The earliest-deadline query; IndexError when empty."""
         return self._queue.peek()

@@ -57,6 +57,11 @@ class Sidecar:
         """Connect to every configured worker (they must be ready), then build the logical models."""
         for url in self.config.workers:
             await self.pool.add(url, wait_s=self.config.startup_wait_s)
+        for url, kind in self.config.worker_devices.items():
+            for name, profile in self.profiles.items():
+                if kind not in profile.device_kinds:
+                    raise ConfigError(f"worker {url} is of device kind {kind!r}, which model {name!r}'s profile has "
+                                      f"no latency for (it has {list(profile.device_kinds)})")
         self._resident = {w.url: await self._loaded(w) for w in self.pool.workers}
         pairs = []
         for spec in self.config.models:
@@ -234,6 +239,9 @@ class Sidecar:
         options = {} if options is None else options
         if not isinstance(options, dict):
             raise InvalidRequest(f"'options' must be an object, got {quote(options)}")
+        if self.config.planner is not None and policy != self.config.planner.kind:
+            raise InvalidRequest(f"the {self.config.planner.kind} planner routes for its own policy; "
+                                 f"{quote(policy)} cannot serve a planned model")
         files = sorted(set(options) & getattr(POLICIES.get(policy), "file_options", frozenset()))
         if files:
             raise InvalidRequest(f"options {files} name files on the sidecar's machine; set them in its config file")

@@ -42,8 +42,9 @@ WAIT = Action()
 class Batching(abc.ABC):
     name: str
 
-    def __init__(self, guard_us: int = 0) -> None:
+    def __init__(self, guard_us: int = 0, limit: int = 8) -> None:
         self.guard_us = guard_us
+        self.limit = limit  # the largest batch the worker can run (the profile's largest size)
 
     def decide(self, now_us: int, queue: deque[Query], latency: Latency, max_batch: int,
                drop_late: bool = True) -> Action:
@@ -138,8 +139,7 @@ class Aimd(Batching):
     backoff = 0.9
 
     def __init__(self, guard_us: int = 0, limit: int = 8) -> None:
-        super().__init__(guard_us)
-        self.limit = limit  # the largest profiled batch: what the worker can run
+        super().__init__(guard_us, limit)
         self.cap = 1.0
 
     def form(self, now_us, queue, latency, max_batch):
@@ -160,7 +160,7 @@ class AimdFull(Batching):
     sizes = (1, 2, 4, 8)
 
     def __init__(self, guard_us: int = 0, limit: int = 8) -> None:
-        super().__init__(guard_us)
+        super().__init__(guard_us, limit)
         self.sizes = tuple(s for s in self.sizes if s <= limit) or (1,)
         self.step = 0
 
@@ -178,7 +178,7 @@ class AimdFull(Batching):
 STRATEGIES: dict[str, type[Batching]] = {b.name: b for b in (Adaptive, Single, Nexus, NexusFill, Aimd, AimdFull)}
 
 
-def make_batching(name: str, guard_us: int = 0) -> Batching:
+def make_batching(name: str, guard_us: int = 0, limit: int = 8) -> Batching:
     if name not in STRATEGIES:
         raise ValueError(f"unknown batching {name!r}; choose one of {sorted(STRATEGIES)}")
-    return STRATEGIES[name](guard_us)
+    return STRATEGIES[name](guard_us, limit)

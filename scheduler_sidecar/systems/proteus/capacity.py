@@ -26,6 +26,8 @@ class CapacityRule:
         budget = slo_ms * self.slo_fraction
         best = 0
         for b in self.batch_sizes:
+            if b > curve.batch_sizes[-1]:  # beyond what was profiled
+                break
             ms = curve.p50_at(b)
             if ms < budget or (not self.strict and ms == budget):
                 best = b

@@ -178,7 +178,13 @@ def solve(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S, spread: bool 
         seconds += more_s
         if ok and (scale.value() or 0) >= 1:
             n, v, factor = wide_n, wide_v, float(scale.value())
-    replicas = {k: round(var.value() or 0) for k, var in n.items()}
+    values = {k: var.value() or 0.0 for k, var in n.items()}
+    replicas = {k: round(x) for k, x in values.items()}
+    used = [sum(c for (p, _), c in replicas.items() if p == i) for i in range(len(problem.pools))]
+    if any(abs(x - replicas[k]) > 1e-6 for k, x in values.items()) or any(
+            u > pool.count for u, pool in zip(used, problem.pools)):
+        log.warning("proteus MILP: the solver stopped without a whole placement; treating it as infeasible")
+        return None
     served = {k: max(0.0, var.value() or 0.0) / factor for k, var in v.items()}
     return Solution({k: c for k, c in replicas.items() if c}, {k: s for k, s in served.items() if s > 1e-9},
                     dict(problem.demand), 1.0, objective, optimal, gap, seconds)

@@ -24,16 +24,20 @@ NOTE on the baselines (§6.1.1, §6.5), which are this planner restricted:
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.core.records import Query
+from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.systems.proteus import milp
 from scheduler_sidecar.systems.proteus.capacity import PAPER, CapacityRule
 from scheduler_sidecar.systems.proteus.routing import Route, Routing
+
+log = logging.getLogger(__name__)
 
 NEVER_US = 1 << 62
 
@@ -56,6 +60,22 @@ class ProteusConfig:
     time_limit_s: float = milp.TIME_LIMIT_S
 
 
+    def __post_init__(self) -> None:
+        positive = ("period_s", "burst_factor", "headroom", "time_limit_s")
+        for key in positive:
+            if not getattr(self, key) > 0:
+                raise ValueError(f"proteus: {key} must be > 0, got {getattr(self, key)!r}")
+        for key in ("ewma_com", "cooldown_s", "min_demand_qps"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"proteus: {key} must be >= 0, got {getattr(self, key)!r}")
+        for key in ("ewma_window_s", "burst_s"):
+            if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
+                raise ValueError(f"proteus: {key} must be a whole number >= 1, got {getattr(self, key)!r}")
+        if not 0 < self.overload_step < 1 or not 0 <= self.overload_floor <= 1:
+            raise ValueError(f"proteus: overload_step must be in (0, 1) and overload_floor in [0, 1], got "
+                             f"{self.overload_step!r} and {self.overload_floor!r}")
+
+
 DEFAULT_CONFIG = ProteusConfig()
 
 
@@ -67,6 +87,7 @@ class Hosting:
     kind: str
     variant: str | None = None
     type: str | None = None
+    healthy: bool = True
 
 
 @dataclass
@@ -74,13 +95,15 @@ class _Counter:
     """One-second arrival counts per type, closed as time passes."""
 
     window: int
-    second: int = 0
+    second: int | None = None  # the second being counted; None until the first time seen (a live clock's epoch)
     current: Counter = field(default_factory=Counter)
     history: dict[str, deque] = field(default_factory=dict)
 
     def advance(self, now_us: int, types: Sequence[str]) -> bool:
         """Close every whole second before ``now_us``; True if any closed."""
         second = now_us // 1_000_000
+        if self.second is None:
+            self.second = second
         if second <= self.second:
             return False
         empty = min(second - self.second - 1, self.window)  # seconds with no arrival at all
@@ -101,6 +124,10 @@ class ProteusPlanner(Planner):
                  allowed: Mapping[str, frozenset[str]] | None = None, fixed_types: bool = False,
                  static: bool = False, uniform_routing: bool = False) -> None:
         self.types = dict(types)
+        ids = [v.id for p in self.types.values() for v in p.variants]
+        if len(set(ids)) != len(ids):
+            raise ValueError("proteus: query types must not share variant ids (each variant serves one type); "
+                             f"shared: {sorted({i for i in ids if ids.count(i) > 1})}")
         self.config = config
         self.slo_ms = {q: float(slo_ms[q]) for q in self.types}
         self.workers = [Hosting(wid, kind) for wid, kind in workers]
@@ -112,7 +139,11 @@ class ProteusPlanner(Planner):
         self.period_us = NEVER_US if static else round(config.period_s * 1e6)
         self.options = self._options(allowed)
         self.model = {v.id: v.actuation.model for p in self.types.values() for v in p.variants}
+        self._accuracy = {v.id: v.accuracy for p in self.types.values() for v in p.variants}
+        self._unservable: set[str] = set()
         self._counts = _Counter(config.ewma_window_s)
+        # live, plan() runs in a thread while arrivals are counted on the event loop
+        self._lock = threading.Lock()
         self._planned: dict[str, float] = {}
         self._last_plan_us: int | None = None
         self.plans = 0
@@ -131,13 +162,14 @@ class ProteusPlanner(Planner):
 
     # ------------------------------------------------------------------ demand
     def observe_arrival(self, now_us: int, query: Query) -> bool:
-        closed = self._counts.advance(now_us, list(self.types))
-        self._counts.current[query.type] += 1
-        if self.static or not closed or self._last_plan_us is None:
-            return False
-        if now_us - self._last_plan_us < self.config.cooldown_s * 1e6:
-            return False
-        return any(self._bursting(q) for q in self.types)
+        with self._lock:
+            closed = self._counts.advance(now_us, list(self.types))
+            self._counts.current[query.type] += 1
+            if self.static or not closed or self._last_plan_us is None:
+                return False
+            if now_us - self._last_plan_us < self.config.cooldown_s * 1e6:
+                return False
+            return any(self._bursting(q) for q in self.types)
 
     def _bursting(self, q: str) -> bool:
         recent = list(self._counts.history.get(q, ()))[-self.config.burst_s:]
@@ -146,11 +178,13 @@ class ProteusPlanner(Planner):
 
     def demand(self, now_us: int) -> dict[str, float]:
         """The EWMA of each type's one-second counts (``initial_demand`` before the first whole second)."""
-        self._counts.advance(now_us, list(self.types))
+        with self._lock:
+            self._counts.advance(now_us, list(self.types))
+            history = {q: list(self._counts.history.get(q, ())) for q in self.types}
         alpha = 1 / (1 + self.config.ewma_com)
         out = {}
         for q in self.types:
-            counts = list(self._counts.history.get(q, ()))
+            counts = history[q]
             if not counts:
                 out[q] = float(self.initial_demand.get(q, 0.0))
                 continue
@@ -162,25 +196,54 @@ class ProteusPlanner(Planner):
     def plan(self, now_us: int, demand: Demand) -> Plan:
         if self.static and self.plans:
             raise RuntimeError("a static allocation is planned once")
+        self._sync(demand.workers if demand is not None else ())
         measured = self.demand(now_us)
         pools, pool_of = self._pools()
         floor = self.config.min_demand_qps
-        problem = milp.Problem(pools, self.options, {q: max(s, floor) for q, s in measured.items()},
+        # a type no worker here can serve within its SLO would make every plan infeasible: it is left out
+        servable = {o.type for o in self.options if o.capacity_qps > 0 and o.kind in {p.kind for p in pools}}
+        for q in sorted(set(self.types) - servable - self._unservable):
+            log.warning("proteus: no variant of %s fits SLO/2 on the healthy workers' kinds; it is not planned", q)
+        self._unservable = set(self.types) - servable
+        problem = milp.Problem(pools, self.options, {q: max(s, floor) for q, s in measured.items() if q in servable},
                                self.config.headroom)
         solution = milp.plan(problem, step=self.config.overload_step, floor=self.config.overload_floor,
                              time_limit_s=self.config.time_limit_s)
         placement = self._place(pools, pool_of, solution)
-        self._planned, self._last_plan_us = measured, now_us
+        with self._lock:
+            self._planned, self._last_plan_us = measured, now_us
         self.plans += 1
         return Plan(now_us, placement, Routing(self._routes(problem.pools, solution), measured, solution))
 
-    def _pools(self) -> tuple[tuple[milp.Pool, ...], list[int]]:
-        """The MILP's pools and each worker's pool: one per device kind, or per (kind, type) once types are fixed."""
+    def _sync(self, states: Sequence[WorkerState]) -> None:
+        """Take the workers as the engine sees them: health, what is really loaded, workers added since."""
+        mine = {w.id: w for w in self.workers}
+        for state in states:
+            w = mine.get(state.id)
+            if w is None:
+                if state.device not in self.kinds:
+                    log.warning("proteus: worker %d is of kind %r, which the plan has no latency for; not planned",
+                                state.id, state.device)
+                    continue
+                w = Hosting(state.id, state.device)
+                self.workers.append(w)
+            w.healthy = state.healthy
+            if state.resident is None:
+                continue
+            held = [v for v, m in self.model.items() if m in state.resident or m == state.staging_model]
+            if w.variant not in held:  # a load failed, or a model left: what it holds, the most accurate first
+                w.variant = max(held, key=lambda v: self._accuracy[v], default=None)
+                w.type = self._type_of(w.variant) if w.variant is not None else None
+
+    def _pools(self) -> tuple[tuple[milp.Pool, ...], list[int | None]]:
+        """The MILP's pools and each worker's pool (None: unhealthy, not planned): one per device kind, or per
+        (kind, type) once types are fixed."""
         key = (lambda w: (w.kind, w.type or "")) if self.fixed_types and self.plans else (lambda w: (w.kind, ""))
-        keys = sorted({key(w) for w in self.workers})
-        counts = Counter(key(w) for w in self.workers)
+        healthy = [w for w in self.workers if w.healthy]
+        keys = sorted({key(w) for w in healthy})
+        counts = Counter(key(w) for w in healthy)
         pools = tuple(milp.Pool(kind, counts[kind, q], frozenset({q}) if q else None) for kind, q in keys)
-        return pools, [keys.index(key(w)) for w in self.workers]
+        return pools, [keys.index(key(w)) if w.healthy else None for w in self.workers]
 
     def _place(self, pools: Sequence[milp.Pool], pool_of: Sequence[int],
                solution: milp.Solution) -> dict[int, frozenset[str]]:
@@ -189,6 +252,8 @@ class ProteusPlanner(Planner):
         self._replicas: dict[tuple[int, str], list[int]] = {}
         free: dict[int, list[Hosting]] = {}
         for w, p in zip(self.workers, pool_of):  # a worker whose variant the plan keeps stays
+            if p is None:
+                continue
             if w.variant is not None and wanted[p, w.variant] > 0:
                 wanted[p, w.variant] -= 1
                 self._replicas.setdefault((p, w.variant), []).append(w.id)
@@ -209,7 +274,12 @@ class ProteusPlanner(Planner):
                 best = self._best_on(w.kind, order[i % len(order):] + order[:i % len(order)])
                 if best is not None:
                     self._host(w, best, placement)
-        return placement  # workers the plan leaves idle keep their variant (and get no traffic)
+        # every worker is named, so that a model it holds beside its variant leaves (at the start, every one);
+        # a worker the plan leaves idle keeps its variant (and gets no traffic)
+        for w in self.workers:
+            if w.healthy and w.variant is not None:
+                placement.setdefault(w.id, frozenset({self.model[w.variant]}))
+        return placement
 
     def _host(self, w: Hosting, variant: str, placement: dict[int, frozenset[str]]) -> None:
         w.variant, w.type = variant, self._type_of(variant)

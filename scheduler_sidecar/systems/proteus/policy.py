@@ -48,7 +48,7 @@ class Proteus(Policy):
         self.queues: dict[int, deque[Query]] = {}  # worker id -> its queue, earliest deadline first
         self._where: dict[int, int] = {}  # query id -> worker id
         self._strategy: dict[int, Batching] = {}  # worker id -> its batching state
-        self._ran_on: dict[int, int] = {}  # query id -> worker id, while its batch runs
+        self._last_batch: dict[int, frozenset[int]] = {}  # worker id -> the query ids of its latest batch
         self._unrouted: deque[Query] = deque()  # arrivals before any worker is known
         self._known: list[int] = []  # healthy workers holding one of our variants, by id: they can serve now
         self._next = 0
@@ -143,11 +143,10 @@ class Proteus(Policy):
             action = self._strategy_of(w.id).decide(now_us, wq, latency, max(1, min(max_batch, self.max_batch)),
                                                     self.late_queries is LateQueries.DROP)
             if action.drop:
-                dropped.extend(self._take(w.id, action.drop))
+                dropped.extend(self._take(w.id, action.drop, queue))
             elif action.dispatch:
-                ids = tuple(self._take(w.id, action.dispatch))
-                for qid in ids:
-                    self._ran_on[qid] = w.id
+                ids = tuple(self._take(w.id, action.dispatch, queue))
+                self._last_batch[w.id] = frozenset(ids)
                 dispatches.append(Dispatch(w.id, variant, ids))
             elif action.wakeup_us is not None:
                 wakeups.append(action.wakeup_us)
@@ -156,9 +155,8 @@ class Proteus(Policy):
     def observe_completion(self, now_us: int, records: Sequence[QueryRecord]) -> None:
         if not records:
             return
-        wid = self._ran_on.get(records[0].query_id)
-        for r in records:
-            self._ran_on.pop(r.query_id, None)
+        first = records[0].query_id
+        wid = next((w for w, ids in self._last_batch.items() if first in ids), None)
         if wid is not None:
             self._strategy_of(wid).completed(any(r.finish_us > r.deadline_us for r in records))
 
@@ -166,15 +164,17 @@ class Proteus(Policy):
         """Track which workers can serve us now; move the queue of a worker that failed or left us (one that is
         loading one of our variants keeps its queue)."""
         known = [w.id for w in workers if w.healthy and self._holds_ours(w)]
-        if known != self._known:
-            self._known = known
+        self._known = known
+        stranded = [wid for wid, wq in self.queues.items() if wq and wid not in known] if self.queues else ()
+        if stranded:
             coming = {w.id for w in workers if w.healthy and w.staging_model in self.models}
-            for wid in [w for w in self.queues if w not in known and w not in coming]:
-                self._reroute(wid)
-            if known:
-                for q in list(self._unrouted):
-                    self._unrouted.popleft()
-                    self.observe_arrival(0, q)
+            for wid in stranded:
+                if wid not in coming:
+                    self._reroute(wid)
+        if known and self._unrouted:
+            for q in list(self._unrouted):
+                self._unrouted.popleft()
+                self.observe_arrival(0, q)
 
     def _holds_ours(self, w: WorkerState) -> bool:
         return w.resident is None or any(m in w.resident for m in self.models)
@@ -186,15 +186,17 @@ class Proteus(Policy):
             return route.variant
         return next((v.id for v in reversed(self.profile.variants) if w.holds(v.actuation.model)), None)
 
-    def _take(self, wid: int, n: int) -> list[int]:
+    def _take(self, wid: int, n: int, queue: QueueView) -> list[int]:
+        """The ids of the ``n`` head queries of a worker's queue; one that left the engine's queue without us (a
+        client cancelled it and a retry kept the count equal) is forgotten, not handed back."""
         wq = self.queues[wid]
         ids = [wq.popleft().id for _ in range(min(n, len(wq)))]
         for qid in ids:
             del self._where[qid]
-        return ids
+        return [qid for qid in ids if qid in queue]
 
     def _strategy_of(self, wid: int) -> Batching:
         strategy = self._strategy.get(wid)
         if strategy is None:
-            strategy = self._strategy[wid] = make_batching(self.batching, self.guard_us)
+            strategy = self._strategy[wid] = make_batching(self.batching, self.guard_us, self.max_batch)
         return strategy
