@@ -146,8 +146,9 @@ class Proteus(Policy):
                 dropped.extend(self._take(w.id, action.drop, queue))
             elif action.dispatch:
                 ids = tuple(self._take(w.id, action.dispatch, queue))
-                self._last_batch[w.id] = frozenset(ids)
-                dispatches.append(Dispatch(w.id, variant, ids))
+                if ids:
+                    self._last_batch[w.id] = frozenset(ids)
+                    dispatches.append(Dispatch(w.id, variant, ids))
             elif action.wakeup_us is not None:
                 wakeups.append(action.wakeup_us)
         return Decision(tuple(dispatches), tuple(dropped), min(wakeups) if wakeups else None)
