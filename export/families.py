@@ -116,10 +116,7 @@ def profile_model(model_dir: Path, input_shape: Sequence[int]) -> LatencyCurve:
 
 
 def _variants(members: list[tuple[str, str, float, LatencyCurve]], kinds: Mapping[str, float]) -> tuple[Variant, ...]:
-    def scaled(c: LatencyCurve, f: float) -> LatencyCurve:
-        return LatencyCurve(c.batch_sizes, tuple(x * f for x in c.p50_ms), tuple(x * f for x in c.p99_ms))
-
-    return tuple(Variant(vid, accuracy, Actuation("model", model), {k: scaled(curve, f) for k, f in kinds.items()})
+    return tuple(Variant(vid, accuracy, Actuation("model", model), {k: curve.scaled(f) for k, f in kinds.items()})
                  for vid, model, accuracy, curve in members)
 
 

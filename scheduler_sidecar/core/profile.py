@@ -53,6 +53,11 @@ class LatencyCurve:
             raise ValueError(f"batch size {batch_size} exceeds the largest profiled one ({self.batch_sizes[-1]})")
         return self.p50_ms[i]
 
+    def scaled(self, factor: float) -> LatencyCurve:
+        """Every latency multiplied by ``factor``."""
+        return LatencyCurve(self.batch_sizes, tuple(x * factor for x in self.p50_ms),
+                            tuple(x * factor for x in self.p99_ms))
+
     def interpolated(self, batch_sizes: Sequence[int]) -> LatencyCurve:
         """The curve at ``batch_sizes``: linear between the two profiled sizes around each one."""
         lo, hi = self.batch_sizes[0], self.batch_sizes[-1]
@@ -120,10 +125,7 @@ class Profile:
 
     def scaled(self, factor: float) -> Profile:
         """The same profile with every latency multiplied by ``factor`` (the sidecar's latency calibration)."""
-        def curve(c: LatencyCurve) -> LatencyCurve:
-            return LatencyCurve(c.batch_sizes, tuple(x * factor for x in c.p50_ms), tuple(x * factor for x in c.p99_ms))
-
-        return replace(self, variants=tuple(replace(v, latency={d: curve(c) for d, c in v.latency.items()})
+        return replace(self, variants=tuple(replace(v, latency={d: c.scaled(factor) for d, c in v.latency.items()})
                                             for v in self.variants))
 
     def dominated(self, device: str) -> list[str]:

@@ -29,14 +29,8 @@ from scheduler_sidecar.core.plan import Demand, Plan
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Query
 from scheduler_sidecar.systems.proteus import milp
-from scheduler_sidecar.systems.proteus.planner import (
-    DEFAULT_CONFIG,
-    Hosting,
-    ProteusConfig,
-    ProteusPlanner,
-    Route,
-    Routing,
-)
+from scheduler_sidecar.systems.proteus.planner import DEFAULT_CONFIG, Hosting, ProteusConfig, ProteusPlanner
+from scheduler_sidecar.systems.proteus.routing import Route, Routing
 
 SLACK = 0.05  # the artifact's infaas_slack: scale up above 95% of capacity
 DOWNSCALE_SLACK = 0.6  # the artifact's infaas_downscale_slack: scale down below 60%
@@ -57,15 +51,15 @@ class InfaasPlanner(ProteusPlanner):
         self._best = {q: max(v.accuracy for v in p.variants) for q, p in self.types.items()}
 
     def observe_arrival(self, now_us: int, query: Query) -> bool:
-        self._counts.advance(now_us, list(self.types))
-        self._counts.current[query.type] += 1
+        self.count(now_us, query)
         return False
 
     def plan(self, now_us: int, demand: Demand) -> Plan:
         if not self.plans:
             return super().plan(now_us, demand)
-        self._counts.advance(now_us, list(self.types))
-        last = {q: float(h[-1]) if (h := self._counts.history.get(q)) else 0.0 for q in self.types}
+        with self._lock:
+            self._counts.advance(now_us, list(self.types))
+            last = {q: float(h[-1]) if (h := self._counts.history.get(q)) else 0.0 for q in self.types}
         placement: dict[int, frozenset[str]] = {}
         for q in sorted(self.types, key=lambda t: -last[t]):  # busiest first
             while last[q] > (1 - self.slack) * self._capacity(q):
@@ -78,8 +72,9 @@ class InfaasPlanner(ProteusPlanner):
         return Plan(now_us, placement, Routing(self._capacity_routes(), last, None))
 
     # ------------------------------------------------------------------ the greedy steps
-    def _p(self, w: Hosting, variant: str | None = None) -> float:
-        o = self._option.get((w.kind, variant or w.variant)) if (variant or w.variant) else None
+    def _p(self, w: Hosting) -> float:
+        """Peak rate of what ``w`` hosts."""
+        o = self._option.get((w.kind, w.variant)) if w.variant is not None else None
         return o.capacity_qps if o is not None else 0.0
 
     def _capacity(self, q: str) -> float:
@@ -114,7 +109,7 @@ class InfaasPlanner(ProteusPlanner):
         for w in sorted((w for w in self.workers if w.type == q), key=lambda w: self._p(w)):
             rest = self._capacity(q) - self._p(w)
             if load <= self.downscale_slack * rest or (load == 0 and rest > 0):
-                w.variant, w.type = w.variant, None  # given up: it keeps its model until another type takes it
+                w.type = None  # given up: it keeps its model until another type takes it
                 continue
             better = [o for o in self._variants(q, w.kind) if self._best[q] >= o.accuracy >
                       self._option[w.kind, w.variant].accuracy and load < (1 - self.slack) * (rest + o.capacity_qps)]

@@ -140,6 +140,7 @@ class ProteusPlanner(Planner):
         self.options = self._options(allowed)
         self.model = {v.id: v.actuation.model for p in self.types.values() for v in p.variants}
         self._accuracy = {v.id: v.accuracy for p in self.types.values() for v in p.variants}
+        self._type = {v.id: q for q, p in self.types.items() for v in p.variants}  # variant -> its query type
         self._unservable: set[str] = set()
         self._counts = _Counter(config.ewma_window_s)
         # live, plan() runs in a thread while arrivals are counted on the event loop
@@ -161,10 +162,16 @@ class ProteusPlanner(Planner):
         return tuple(out)
 
     # ------------------------------------------------------------------ demand
-    def observe_arrival(self, now_us: int, query: Query) -> bool:
+    def count(self, now_us: int, query: Query) -> bool:
+        """Count an arrival; True if a whole second closed before it."""
         with self._lock:
             closed = self._counts.advance(now_us, list(self.types))
             self._counts.current[query.type] += 1
+            return closed
+
+    def observe_arrival(self, now_us: int, query: Query) -> bool:
+        closed = self.count(now_us, query)
+        with self._lock:
             if self.static or not closed or self._last_plan_us is None:
                 return False
             if now_us - self._last_plan_us < self.config.cooldown_s * 1e6:
@@ -233,7 +240,7 @@ class ProteusPlanner(Planner):
             held = [v for v, m in self.model.items() if m in state.resident or m == state.staging_model]
             if w.variant not in held:  # a load failed, or a model left: what it holds, the most accurate first
                 w.variant = max(held, key=lambda v: self._accuracy[v], default=None)
-                w.type = self._type_of(w.variant) if w.variant is not None else None
+                w.type = self._type[w.variant] if w.variant is not None else None
 
     def _pools(self) -> tuple[tuple[milp.Pool, ...], list[int | None]]:
         """The MILP's pools and each worker's pool (None: unhealthy, not planned): one per device kind, or per
@@ -282,7 +289,7 @@ class ProteusPlanner(Planner):
         return placement
 
     def _host(self, w: Hosting, variant: str, placement: dict[int, frozenset[str]]) -> None:
-        w.variant, w.type = variant, self._type_of(variant)
+        w.variant, w.type = variant, self._type[variant]
         placement[w.id] = frozenset({self.model[variant]})
 
     def _best_on(self, kind: str, types: Sequence[str]) -> str | None:
@@ -293,9 +300,6 @@ class ProteusPlanner(Planner):
                 return max(fits, key=lambda o: (o.accuracy, o.variant)).variant
         return None
 
-    def _type_of(self, variant: str) -> str:
-        return next(o.type for o in self.options if o.variant == variant)
-
     def _routes(self, pools: Sequence[milp.Pool], solution: milp.Solution) -> dict[str, tuple[Route, ...]]:
         batch = {(o.kind, o.variant): o.max_batch for o in self.options}
         routes: dict[str, list[Route]] = {q: [] for q in self.types}
@@ -303,7 +307,7 @@ class ProteusPlanner(Planner):
             served = solution.served.get((p, variant), 0.0)
             if served <= 0:
                 continue
-            q = self._type_of(variant)
+            q = self._type[variant]
             for wid in ids:
                 routes[q].append(Route(wid, variant, served / len(ids), batch[pools[p].kind, variant]))
         out = {}
