@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Query, WorkerState
+from scheduler_sidecar.systems.demand import SecondCounts, ewma
 from scheduler_sidecar.systems.proteus import milp
 from scheduler_sidecar.systems.proteus.capacity import PAPER, CapacityRule
 from scheduler_sidecar.systems.proteus.routing import Route, Routing
@@ -90,32 +91,6 @@ class Hosting:
     healthy: bool = True
 
 
-@dataclass
-class _Counter:
-    """One-second arrival counts per type, closed as time passes."""
-
-    window: int
-    second: int | None = None  # the second being counted; None until the first time seen (a live clock's epoch)
-    current: Counter = field(default_factory=Counter)
-    history: dict[str, deque] = field(default_factory=dict)
-
-    def advance(self, now_us: int, types: Sequence[str]) -> bool:
-        """Close every whole second before ``now_us``; True if any closed."""
-        second = now_us // 1_000_000
-        if self.second is None:
-            self.second = second
-        if second <= self.second:
-            return False
-        empty = min(second - self.second - 1, self.window)  # seconds with no arrival at all
-        for q in types:
-            history = self.history.setdefault(q, deque(maxlen=self.window))
-            history.append(self.current.get(q, 0))
-            history.extend([0] * empty)
-        self.current.clear()
-        self.second = second
-        return True
-
-
 class ProteusPlanner(Planner):
     """See the module notes. ``types`` maps query type -> profile; ``workers`` are (id, device kind)."""
 
@@ -142,7 +117,7 @@ class ProteusPlanner(Planner):
         self._accuracy = {v.id: v.accuracy for p in self.types.values() for v in p.variants}
         self._type = {v.id: q for q, p in self.types.items() for v in p.variants}  # variant -> its query type
         self._unservable: set[str] = set()
-        self._counts = _Counter(config.ewma_window_s)
+        self._counts = SecondCounts(config.ewma_window_s)
         # live, plan() runs in a thread while arrivals are counted on the event loop
         self._lock = threading.Lock()
         self._planned: dict[str, float] = {}
@@ -188,16 +163,8 @@ class ProteusPlanner(Planner):
         with self._lock:
             self._counts.advance(now_us, list(self.types))
             history = {q: list(self._counts.history.get(q, ())) for q in self.types}
-        alpha = 1 / (1 + self.config.ewma_com)
-        out = {}
-        for q in self.types:
-            counts = history[q]
-            if not counts:
-                out[q] = float(self.initial_demand.get(q, 0.0))
-                continue
-            weights = [(1 - alpha) ** i for i in range(len(counts))]  # newest first, as pandas' adjust=True
-            out[q] = sum(w * c for w, c in zip(weights, reversed(counts))) / sum(weights)
-        return out
+        return {q: ewma(history[q], self.config.ewma_com) if history[q] else float(self.initial_demand.get(q, 0.0))
+                for q in self.types}
 
     # ------------------------------------------------------------------ plans
     def plan(self, now_us: int, demand: Demand) -> Plan:

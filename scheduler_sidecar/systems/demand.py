@@ -1,0 +1,45 @@
+"""Demand estimates the paper systems' planners share: one-second arrival counts per query type and their
+exponentially weighted mean (the Proteus and Loki artifacts' pandas ``ewm(com=1.6)`` over the last 20 counts;
+both papers leave the estimator open)."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SecondCounts:
+    """One-second arrival counts per type, closed as time passes; the newest ``window`` are kept."""
+
+    window: int
+    second: int | None = None  # the second being counted; None until the first time seen (a live clock's epoch)
+    current: Counter = field(default_factory=Counter)
+    history: dict[str, deque] = field(default_factory=dict)
+
+    def advance(self, now_us: int, types: Sequence[str]) -> bool:
+        """Close every whole second before ``now_us``; True if any closed."""
+        second = now_us // 1_000_000
+        if self.second is None:
+            self.second = second
+        if second <= self.second:
+            return False
+        empty = min(second - self.second - 1, self.window)  # seconds with no arrival at all
+        for q in types:
+            history = self.history.setdefault(q, deque(maxlen=self.window))
+            history.append(self.current.get(q, 0))
+            history.extend([0] * empty)
+        self.current.clear()
+        self.second = second
+        return True
+
+
+def ewma(counts: Sequence[float], com: float) -> float:
+    """The exponentially weighted mean of ``counts`` (oldest first), as pandas' ``ewm(com).mean()`` with
+    ``adjust=True`` gives for the newest; 0 for no counts."""
+    if not counts:
+        return 0.0
+    alpha = 1 / (1 + com)
+    weights = [(1 - alpha) ** i for i in range(len(counts))]  # newest first
+    return sum(w * c for w, c in zip(weights, reversed(counts))) / sum(weights)
