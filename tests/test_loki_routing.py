@@ -27,19 +27,20 @@ def _check(routing: Routing, replicas: list[Replica], demand: float) -> None:
         assert all(p >= 0 and routing.replicas[w].task == child for w, p in table)
     root_capacity = sum(r.capacity_qps for r in replicas if r.task == PIPELINE.root.name)
     for task in PIPELINE.tasks:
-        workers = sorted((r for r in replicas if r.task == task.name), key=lambda r: (-r.accuracy, r.worker_id))
+        workers = sorted((r for r in replicas if r.task == task.name), key=lambda r: (-r.accuracy, r.variant, r.worker_id))
         offered = sum(routing.incoming[r.worker_id] for r in workers)
         capacity = sum(r.capacity_qps for r in workers)
         if offered <= capacity * (1 - 1e-9) and demand <= root_capacity:
             assert all(routing.incoming[r.worker_id] <= r.capacity_qps * (1 + 1e-9) for r in workers)
-        # most accurate first: a worker gets traffic only when every more accurate one of its task is full,
-        # unless everything is full (then the rest is spread)
+        # most accurate first: a variant's replicas get traffic only when every more accurate variant of the
+        # task is full, unless everything is full (then the rest is spread)
         full = True
-        for r in workers:
+        for _, group in itertools.groupby(workers, key=lambda r: r.variant):
+            group = list(group)
+            taken = sum(routing.incoming[r.worker_id] for r in group)
             if not full and offered <= capacity:
-                assert routing.incoming[r.worker_id] == pytest.approx(0.0, abs=1e-9)
-            full = full and routing.incoming[r.worker_id] >= r.capacity_qps * (1 - 1e-9)
-
+                assert taken == pytest.approx(0.0, abs=1e-9)
+            full = full and taken >= sum(r.capacity_qps for r in group) * (1 - 1e-9)
 
 @pytest.mark.parametrize("demand", [40, 150, 300, 900, 1800])
 def test_tables_on_the_milp_plans(demand: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from scheduler_sidecar.systems.loki import reproduce as loki
 from scheduler_sidecar.systems.proteus import reproduce as proteus
 from scheduler_sidecar.systems.ramsis import reproduce as ramsis
 from scheduler_sidecar.systems.superserve import reproduce as superserve
@@ -17,3 +18,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     superserve.register(papers)
     ramsis.register(papers)
     proteus.register(papers)
+    loki.register(papers)

@@ -101,7 +101,14 @@ class SimResult:
 
 
 
-def write_rows(rows: list[dict], path: Path, skip: str) -> None:
+def markdown_table(rows: list[dict], keys: list[str]) -> str:
+    """The rows as a Markdown table of the columns ``keys``."""
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_rows(rows: list[dict], path: Path, skip: str = "") -> None:
     """One CSV line per result row, every key but ``skip`` (a nested value written elsewhere)."""
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, [k for k in rows[0] if k != skip], extrasaction="ignore")

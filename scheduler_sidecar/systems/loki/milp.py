@@ -36,6 +36,7 @@ from scheduler_sidecar.systems.loki.pipeline import Path, Pipeline, StageVariant
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # the artifact's B (digest A8); the paper lists none
 TIME_LIMIT_S = 10.0  # the paper sets none (Gurobi, ~500 ms average, §6.5); the artifact sets none either
+HEADROOM = 1.0  # capacity planned per query of demand: the paper's 1 (the artifact's rerouting runs use 1.05)
 _TOL = 1e-6
 
 
@@ -77,13 +78,14 @@ class Solution:
 
 
 def plan(pipeline: Pipeline, demand_qps: float, workers: int, *, batch_sizes: Sequence[int] = BATCH_SIZES,
-         hop_ms: float = 0.0, top_only: bool = False, time_limit_s: float = TIME_LIMIT_S) -> Solution:
+         hop_ms: float = 0.0, top_only: bool = False, headroom: float = HEADROOM,
+         time_limit_s: float = TIME_LIMIT_S) -> Solution:
     """Hardware scaling, else accuracy scaling, else the largest servable fraction (see the module notes).
 
     ``top_only`` is InferLine (§6.1): hardware scaling alone, then the largest fraction with the top variants.
     """
     started = time.perf_counter()
-    model = _Model(pipeline, demand_qps, workers, batch_sizes, hop_ms)
+    model = _Model(pipeline, demand_qps * headroom, workers, batch_sizes, hop_ms)
     top = {t.name: (t.top,) for t in pipeline.tasks}
     for step, allowed, objective in (("hardware", top, "workers"),
                                      *(() if top_only else (("accuracy", None, "accuracy"),))):

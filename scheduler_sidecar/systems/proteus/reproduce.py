@@ -21,7 +21,6 @@ CPUs, 10 Pascal and 10 Ampere workers, SLO 300 ms. Written to --out:
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from scheduler_sidecar.core.records import Outcome
-from scheduler_sidecar.sim.results import OUTCOME_CODES
+from scheduler_sidecar.sim.results import OUTCOME_CODES, markdown_table, write_rows
 from scheduler_sidecar.systems.proteus.data import (
     PAPER_CLUSTER,
     TRACE_SLO_MS,
@@ -102,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
             if system.name in SYSTEMS:
                 timelines[load, system.name] = _timeline(r)
     fig6 = batching_comparison(setup, counts.mean_mix(), args.fig6_qps, args.fig6_s, args.seed, progress)
-    _write(out / "fig4.csv", fig4)
-    _write(out / "fig6.csv", fig6)
-    _write(out / "fig7.csv", fig7)
+    write_rows(fig4, out / "fig4.csv")
+    write_rows(fig6, out / "fig6.csv")
+    write_rows(fig7, out / "fig7.csv")
     _plot(out, fig4, fig6, fig7, timelines)
     (out / "summary.md").write_text(_summary(fig4, fig6, fig7, args))
     progress(f"wrote {out}/summary.md, fig4/6/7 .csv and .png")
@@ -164,13 +163,6 @@ def batching_comparison(setup: Setup, mix: dict[str, float], qps: float, seconds
     return rows
 
 
-def _write(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _plot(out: Path, fig4: list[dict], fig6: list[dict], fig7: list[dict], timelines: dict) -> None:
     import matplotlib
 
@@ -214,12 +206,6 @@ def _plot(out: Path, fig4: list[dict], fig6: list[dict], fig7: list[dict], timel
         plt.close(fig)
 
 
-def _table(rows: list[dict], keys: list[str]) -> str:
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], args: argparse.Namespace) -> str:
     keys = ["load", "system", "violation_ratio", "accuracy", "max_accuracy_drop", "throughput_qps", "plans",
             "solve_s_max"]
@@ -240,7 +226,7 @@ def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], args: argpars
         "",
         "## Fig. 4: end to end",
         "",
-        _table(fig4, keys),
+        markdown_table(fig4, keys),
         "",
         "| | paper | ours (" + ", ".join(loads) + ") |",
         "|---|---|---|",
@@ -267,14 +253,14 @@ def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], args: argpars
         "",
         "## Fig. 6: batching alone",
         "",
-        _table(fig6, ["arrivals", "batching", "violation_ratio", "throughput_qps"]),
+        markdown_table(fig6, ["arrivals", "batching", "violation_ratio", "throughput_qps"]),
         "",
         f"Paper: {PAPER['fig6']}. `nexus` and `aimd` are the paper's descriptions (work-conserving); "
         "`nexus-artifact` waits to fill B_max and `aimd-artifact` runs only full batches, as the authors' code does.",
         "",
         "## Fig. 7: ablation",
         "",
-        _table(fig7, keys),
+        markdown_table(fig7, keys),
         "",
         f"Paper: {PAPER['fig7']}.",
         "",

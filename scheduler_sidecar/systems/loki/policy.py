@@ -1,0 +1,294 @@
+"""Loki's data path in the engine (§5): one policy per task, sharing a :class:`Router` per pipeline.
+
+A frame is a query of the root task; a batch's result creates the queries of the child tasks (the
+simulator's fan-out, or the live pipeline's crops). Each arrival goes to one worker's queue: a frame by the
+frontend's MostAccurateFirst table, a follow-up by the table of the worker that served its parent (§5.1). A
+free worker runs min(queue, y) of its queue in deadline order at once, y being its planned batch size (the
+artifact's "fixed_size" batching; the paper says only that workers form batches up to y, digest A14).
+
+Decision (``balance``, on by default): the table picks the worker, hence the variant; the query then joins
+the queue of that variant's replica with the least work waiting. The paper samples a worker and keeps it;
+replicas of one variant are interchangeable, and independent random splits queue each replica like its own
+M/D/1 server (measured in ``accscale reproduce loki``).
+
+Early dropping (§5.2), ``drop``:
+- ``none``: every query is served, late or not.
+- ``last-task``: a query of a leaf task whose remaining end-to-end budget is below its worker's batch
+  latency at the planned batch size is dropped before it runs (digest A11).
+- ``per-task``: a query that spent longer at its task (queueing and processing) than the task's latency
+  budget is dropped on completion: its children are not sent on (the paper's check point; digest A10).
+- ``rerouting`` (Loki's default): such a query's child goes instead to the most accurate worker of the
+  backup table whose batch latency fits the routed worker's minus the overrun (exec <= y - x), while that
+  worker's leftover capacity lasts (a per-second allowance of its leftover q/s); with none, it is dropped.
+  Candidates are taken in the backup table's order (most accurate, then worker id): the paper breaks ties at
+  random, which would make runs differ for no gain.
+
+A task's latency budget (``budget``, digest A9) is its variant's batch latency l at the planned batch size
+times a factor: ``paper`` 1 (§4.2: "the execution time of a model variant with the configured batch size"),
+``artifact`` 2 (the artifact's 2 x l, matching the halved SLO), or ``proportional`` (the default, our
+decision): SLO / (the largest sum of l along a planned path through the task), so the budgets along the
+tightest path add up to the SLO. With the paper's factor nearly every query that waited at all overruns; with
+the artifact's, a frame that waited one batch at a detector planned at batch 1 is dropped though the path
+had SLO to spare (measured in ``accscale reproduce loki``'s ablation).
+
+A dropped query's frame is an SLO violation (§6.1).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_sidecar.core.plan import Plan
+from scheduler_sidecar.core.policy import Policy
+from scheduler_sidecar.core.queue import QueueView
+from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, QueryRecord, WorkerState
+from scheduler_sidecar.systems.loki.pipeline import Pipeline
+from scheduler_sidecar.systems.loki.planner import LokiPlan
+from scheduler_sidecar.systems.loki.routing import FRONTEND, Replica, Routing
+
+BUDGETS = ("proportional", "paper", "artifact")
+
+
+class DropMode(str, enum.Enum):
+    NONE = "none"
+    LAST_TASK = "last-task"
+    PER_TASK = "per-task"
+    REROUTING = "rerouting"
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """Where a query ran: its worker, when it reached its task, and that task's budget."""
+
+    worker_id: int
+    reached_us: int
+    budget_us: int
+    rerouted: bool = False
+
+
+class Router:
+    """What the task policies of one pipeline share: the plan's tables, where each query ran, backup allowances."""
+
+    def __init__(self, pipeline: Pipeline, drop: DropMode | str = DropMode.REROUTING, *,
+                 budget: str = "proportional", seed: int = 0) -> None:
+        if budget not in BUDGETS:
+            raise ValueError(f"loki: budget must be one of {BUDGETS}, got {budget!r}")
+        self.pipeline, self.drop, self.budget = pipeline, DropMode(drop), budget
+        self.routing: Routing | None = None
+        self._factor: dict[str, float] = {}  # task -> budget / batch latency under the plan in force
+        self.hops: dict[int, Hop] = {}
+        self.rerouted = 0
+        self._retiring: list[int] = []
+        self._rng = np.random.default_rng(seed)
+        self._second = -1
+        self._allowance: dict[int, float] = {}
+
+    def observe_plan(self, plan: Plan) -> None:
+        if isinstance(plan.detail, LokiPlan) and plan.detail.routing is not self.routing:
+            self.routing = plan.detail.routing
+            self._second = -1
+            self._factor = self._factors(self.routing)
+
+    def _factors(self, routing: Routing) -> dict[str, float]:
+        tasks = [t.name for t in self.pipeline.tasks]
+        if self.budget != "proportional":
+            return dict.fromkeys(tasks, 1.0 if self.budget == "paper" else 2.0)
+        slowest = {t: max((r.batch_ms for r in routing.workers_of(t)), default=0.0) for t in tasks}
+        path_ms = {leaf.name: sum(slowest[t.name] for t in self.pipeline.chain(leaf.name))
+                   for leaf in self.pipeline.leaves}
+        out = {}
+        for t in tasks:
+            through = [ms for leaf, ms in path_ms.items() if t in {c.name for c in self.pipeline.chain(leaf)}]
+            out[t] = self.pipeline.slo_ms / max(through) if through and max(through) > 0 else 2.0
+        return out
+
+    def target(self, source: int | None, task: str) -> int | None:
+        """Sample the worker for a query from ``source`` (FRONTEND or a worker) to ``task``."""
+        routing = self.routing
+        if routing is None:
+            return None
+        table = routing.tables.get((source, task)) if source is not None else None
+        if table is None:  # no source, or one the plan no longer has: the task's workers by capacity
+            workers = routing.workers_of(task)
+            if not workers:
+                return None
+            table = tuple((r.worker_id, r.capacity_qps) for r in workers)
+        ids = [w for w, _ in table]
+        weights = np.array([p for _, p in table], dtype=float)
+        return int(ids[int(self._rng.choice(len(ids), p=weights / weights.sum()))]) if len(ids) > 1 else ids[0]
+
+    def backup(self, task: str, now_us: int, fits_ms: float) -> int | None:
+        """The most accurate backup worker of ``task`` with batch latency <= ``fits_ms`` and allowance left."""
+        routing = self.routing
+        if routing is None or fits_ms <= 0:
+            return None
+        second = now_us // 1_000_000
+        if second != self._second:  # leftover q/s is a per-second allowance
+            self._second = second
+            self._allowance = {w: left for backups in routing.backups.values() for w, left in backups}
+        for w, _ in routing.backups.get(task, ()):
+            if routing.replicas[w].batch_ms <= fits_ms and self._allowance.get(w, 0.0) >= 1.0:
+                self._allowance[w] -= 1.0
+                return w
+        return None
+
+    def ran(self, query: Query, worker_id: int, variant: str) -> None:
+        replica = self.routing.replicas.get(worker_id) if self.routing is not None else None
+        batch_ms = replica.batch_ms if replica is not None and replica.variant == variant else \
+            self.pipeline.variant(variant).batch_ms(1)
+        factor = self._factor.get(self.pipeline.task_of(variant).name, 2.0)
+        self.hops[query.id] = Hop(worker_id, query.arrival_us, round(factor * batch_ms * 1000))
+
+    def completed(self, records: Sequence[QueryRecord]) -> None:
+        """A batch ended: its queries' hops are kept until the children this batch creates have arrived (they
+        arrive before the engine's next event), then forgotten."""
+        for qid in self._retiring:
+            self.hops.pop(qid, None)
+        self._retiring = [r.query_id for r in records]
+
+
+class LokiTask(Policy):
+    """One task of a Loki pipeline; ``router`` is shared by all the pipeline's tasks."""
+
+    name = "loki"
+
+    def __init__(self, pipeline: Pipeline, task: str, router: Router, *, balance: bool = True, **options) -> None:
+        super().__init__(pipeline.profile(task), **options)
+        self.balance = balance
+        self._siblings: dict[str, tuple[int, ...]] = {}  # variant -> the plan's replicas of it
+        self._free: set[int] = set()  # workers free when we last looked
+        self.pipeline, self.task, self.router = pipeline, pipeline.task(task), router
+        self.leaf = not self.task.children
+        self.variants = {v.id for v in self.task.variants}
+        self.max_batch = max(b for v in self.task.variants for b in v.latency.batch_sizes)
+        self.queues: dict[int, list[Query]] = {}  # worker id -> its queue, earliest deadline first
+        self._where: dict[int, int] = {}  # query id -> worker id
+        self._unrouted: list[Query] = []
+        self._drop: list[int] = []  # arrivals early dropping gave up on
+
+    # ------------------------------------------------------------------ routing and early dropping
+    def observe_plan(self, now_us: int, plan: Plan) -> None:
+        self.router.observe_plan(plan)
+        routing = self.router.routing
+        if routing is None:
+            return
+        mine = {r.worker_id for r in routing.workers_of(self.task.name)}
+        self._siblings = {}
+        for r in sorted(routing.workers_of(self.task.name), key=lambda r: r.worker_id):
+            self._siblings[r.variant] = (*self._siblings.get(r.variant, ()), r.worker_id)
+        stranded = [q for w in list(self.queues) if w not in mine for q in self.queues.pop(w)]
+        for q in stranded:
+            del self._where[q.id]
+        waiting, self._unrouted = stranded + self._unrouted, []
+        for q in waiting:
+            self._rehome(q)
+
+    def _rehome(self, query: Query) -> None:
+        """Route a query whose worker left the plan (or that came before any plan)."""
+        self._route(query, self.router.target(FRONTEND if query.stage == 0 else None, self.task.name))
+
+    def observe_arrival(self, now_us: int, query: Query) -> None:
+        hop = self.router.hops.get(query.parent) if query.parent is not None else None
+        target = self.router.target(hop.worker_id if hop is not None else FRONTEND, self.task.name)
+        mode = self.router.drop
+        if hop is not None and mode in (DropMode.PER_TASK, DropMode.REROUTING):
+            overrun_us = now_us - hop.reached_us - hop.budget_us
+            if overrun_us > 0:
+                routed = self._replica(target)
+                backup = None
+                if mode is DropMode.REROUTING and routed is not None:
+                    backup = self.router.backup(self.task.name, now_us, routed.batch_ms - overrun_us / 1000)
+                if backup is None:
+                    self._drop.append(query.id)
+                    return
+                self.router.rerouted += 1
+                target = backup
+        self._route(query, target)
+
+    def _replica(self, worker_id: int | None) -> Replica | None:
+        routing = self.router.routing
+        return routing.replicas.get(worker_id) if routing is not None and worker_id is not None else None
+
+    def _route(self, query: Query, worker_id: int | None) -> None:
+        if worker_id is None:
+            self._unrouted.append(query)
+            return
+        worker_id = self._least_queued(worker_id)
+        bisect.insort(self.queues.setdefault(worker_id, []), query)
+        self._where[query.id] = worker_id
+
+    def _least_queued(self, worker_id: int) -> int:
+        """The replica of ``worker_id``'s variant with the least work queued (the sampled one on a tie): the table
+        decides the variant, and replicas of one variant are interchangeable."""
+        replica = self._replica(worker_id)
+        if not self.balance or replica is None:
+            return worker_id
+        siblings = self._siblings.get(replica.variant, ())
+        return min(siblings, key=lambda w: (len(self.queues.get(w, ())) + (w not in self._free), w != worker_id),
+                   default=worker_id)
+
+    # ------------------------------------------------------------------ batching
+    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
+        if not queue and not self._drop:
+            return EMPTY
+        if len(queue) != len(self._where) + len(self._unrouted) + len(self._drop):
+            self._reconcile(queue)
+        dropped = [qid for qid in self._drop if qid in queue]
+        self._drop = []
+        dispatches = []
+        self._free = {w.id for w in workers if w.is_free}
+        for w in workers:
+            wq = self.queues.get(w.id)
+            if not wq or not w.is_free:
+                continue
+            replica = self._replica(w.id)
+            variant = replica.variant if replica is not None and w.holds(replica.variant) else \
+                next((v.id for v in self.task.variants if w.holds(v.id)), None)
+            if variant is None:
+                continue  # its model is still loading
+            if self.router.drop is DropMode.LAST_TASK and self.leaf:
+                batch_us = round(self.pipeline.variant(variant).batch_ms(
+                    replica.batch if replica is not None else 1) * 1000)
+                while wq and wq[0].deadline_us - now_us < batch_us:
+                    dropped.append(self._pop(wq, 1)[0].id)
+            size = min(len(wq), replica.batch if replica is not None and replica.variant == variant else 1)
+            if not size:
+                continue
+            batch = self._pop(wq, size)
+            for q in batch:
+                if not self.leaf:
+                    self.router.ran(q, w.id, variant)
+            dispatches.append(Dispatch(w.id, variant, tuple(q.id for q in batch)))
+            self._free.discard(w.id)
+        return Decision(tuple(dispatches), tuple(dropped)) if dispatches or dropped else EMPTY
+
+    def observe_completion(self, now_us: int, records: Sequence[QueryRecord]) -> None:
+        self.router.completed(records)
+
+    def _pop(self, wq: list[Query], n: int) -> list[Query]:
+        taken = wq[:n]
+        del wq[:n]
+        for q in taken:
+            del self._where[q.id]
+        return taken
+
+    def _reconcile(self, queue: QueueView) -> None:
+        """Match the engine's queue: forget queries that left it without us, route ones we never saw (a retry)."""
+        present = {q.id: q for q in queue.scan()}
+        for w, wq in self.queues.items():
+            kept = [q for q in wq if q.id in present]
+            for q in wq:
+                if q.id not in present:
+                    del self._where[q.id]
+            self.queues[w] = kept
+        self._unrouted = [q for q in self._unrouted if q.id in present]
+        self._drop = [qid for qid in self._drop if qid in present]
+        known = set(self._where) | {q.id for q in self._unrouted} | set(self._drop)
+        for qid, q in sorted(present.items(), key=lambda kv: kv[1]):
+            if qid not in known:
+                self._rehome(q)
