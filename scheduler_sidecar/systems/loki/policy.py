@@ -20,6 +20,8 @@ Early dropping (§5.2), ``drop``:
 - ``rerouting`` (Loki's default): such a query's child goes instead to the most accurate worker of the
   backup table whose batch latency fits the routed worker's minus the overrun (exec <= y - x), while that
   worker's leftover capacity lasts (a per-second allowance of its leftover q/s); with none, it is dropped.
+  Decision: "exec" counts the backup's queued batches too (the paper's profiled execution time alone would
+  send a late query to a backup whose queue makes it later still).
   Candidates are taken in the backup table's order (most accurate, then worker id): the paper breaks ties at
   random, which would make runs differ for no gain.
 
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,8 +124,9 @@ class Router:
         weights = np.array([p for _, p in table], dtype=float)
         return int(ids[int(self._rng.choice(len(ids), p=weights / weights.sum()))]) if len(ids) > 1 else ids[0]
 
-    def backup(self, task: str, now_us: int, fits_ms: float) -> int | None:
-        """The most accurate backup worker of ``task`` with batch latency <= ``fits_ms`` and allowance left."""
+    def backup(self, task: str, now_us: int, fits_ms: float, wait_ms: Callable[[Replica], float]) -> int | None:
+        """The most accurate backup worker of ``task`` whose queued work plus batch latency fit ``fits_ms``, with
+        allowance left."""
         routing = self.routing
         if routing is None or fits_ms <= 0:
             return None
@@ -132,7 +135,8 @@ class Router:
             self._second = second
             self._allowance = {w: left for backups in routing.backups.values() for w, left in backups}
         for w, _ in routing.backups.get(task, ()):
-            if routing.replicas[w].batch_ms <= fits_ms and self._allowance.get(w, 0.0) >= 1.0:
+            r = routing.replicas[w]
+            if r.batch_ms + wait_ms(r) <= fits_ms and self._allowance.get(w, 0.0) >= 1.0:
                 self._allowance[w] -= 1.0
                 return w
         return None
@@ -179,6 +183,7 @@ class LokiTask(Policy):
             return
         mine = {r.worker_id for r in routing.workers_of(self.task.name)}
         self._siblings = {}
+        self._free |= mine - set(self.queues)  # until decide() sees them, a new replica with no queue is free
         for r in sorted(routing.workers_of(self.task.name), key=lambda r: r.worker_id):
             self._siblings[r.variant] = (*self._siblings.get(r.variant, ()), r.worker_id)
         stranded = [q for w in list(self.queues) if w not in mine for q in self.queues.pop(w)]
@@ -202,13 +207,19 @@ class LokiTask(Policy):
                 routed = self._replica(target)
                 backup = None
                 if mode is DropMode.REROUTING and routed is not None:
-                    backup = self.router.backup(self.task.name, now_us, routed.batch_ms - overrun_us / 1000)
+                    backup = self.router.backup(self.task.name, now_us, routed.batch_ms - overrun_us / 1000,
+                                                self._wait_ms)
                 if backup is None:
                     self._drop.append(query.id)
                     return
                 self.router.rerouted += 1
                 target = backup
         self._route(query, target)
+
+    def _wait_ms(self, replica: Replica) -> float:
+        """How long a query joining ``replica``'s queue waits: the batches ahead of it, and the running one."""
+        ahead = len(self.queues.get(replica.worker_id, ())) // replica.batch + (replica.worker_id not in self._free)
+        return ahead * replica.batch_ms
 
     def _replica(self, worker_id: int | None) -> Replica | None:
         routing = self.router.routing
