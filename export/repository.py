@@ -20,7 +20,7 @@ from python_backend.control import ControlLayout
 from python_backend.runners import MODEL_FILE, SUBNETS_FILE, SubnetTable
 
 SHIM = '''"""Thin shim: the model's logic lives in the accscale package (python_backend)."""
-from python_backend.triton_model import TritonPythonModel  # noqa: F401
+from python_backend.{module} import TritonPythonModel  # noqa: F401
 '''
 
 
@@ -29,7 +29,7 @@ def static_model_name(supernet_name: str, subnet_id: str) -> str:
     return f"{supernet_name}__{re.sub(r'[^A-Za-z0-9]+', '_', subnet_id)}"
 
 
-def _config(name: str, inputs: list[tuple[str, str, list[int]]], num_classes: int, params: dict[str, str],
+def _config(name: str, inputs: list[tuple[str, str, list[int]]], output_dims: list[int], params: dict[str, str],
             max_batch_size: int, instances: int) -> str:
     def tensor(n: str, dtype: str, dims: list[int]) -> str:
         return f'  {{ name: "{n}" data_type: {dtype} dims: [ {", ".join(map(str, dims))} ] }}'
@@ -45,7 +45,7 @@ input [
 {input_text}
 ]
 output [
-{tensor("LOGITS", "TYPE_FP32", [num_classes])}
+{tensor("LOGITS", "TYPE_FP32", output_dims)}
 ]
 # merge whatever is queued, never wait: the sidecar forms the batches it wants
 dynamic_batching {{ max_queue_delay_microseconds: 0 }}
@@ -54,15 +54,17 @@ instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 """
 
 
-def _write_model(repository: Path, name: str, model: onnx.ModelProto, config: str, extra: dict[str, str]) -> Path:
+def _write_model(repository: Path, name: str, model: onnx.ModelProto | None, config: str,
+                 extra: dict[str, str], module: str = "triton_model") -> Path:
     model_dir = repository / name
     repository.mkdir(parents=True, exist_ok=True)
     # built beside the repository, so an interrupted export leaves nothing Triton would try to load
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=repository.resolve().parent))
     tmp.chmod(0o755)  # mkdtemp's 0700 would hide the model from a Triton running as another user
     (tmp / "1").mkdir()
-    save(model, tmp / "1" / MODEL_FILE)
-    (tmp / "1" / "model.py").write_text(SHIM)
+    if model is not None:  # a runner that computes without a network (the classical detector) has none
+        save(model, tmp / "1" / MODEL_FILE)
+    (tmp / "1" / "model.py").write_text(SHIM.format(module=module))
     for file_name, text in extra.items():
         (tmp / "1" / file_name).write_text(text)
     (tmp / "config.pbtxt").write_text(config)
@@ -77,7 +79,7 @@ def write_supernet(repository: Path, name: str, model: onnx.ModelProto, table: S
     config = _config(
         name,
         [("INPUT", "TYPE_FP32", [1, image_size, image_size]), ("CONTROL", "TYPE_INT32", [layout.num_fields])],
-        num_classes,
+        [num_classes],
         {"runner": "supernet", "intra_op_threads": str(threads), "control_layout": layout.to_json()},
         max_batch_size, instances,
     )
@@ -91,9 +93,27 @@ def write_static(repository: Path, name: str, model: onnx.ModelProto, image_size
                        max_batch_size=max_batch_size, instances=instances)
 
 
-def write_model(repository: Path, name: str, model: onnx.ModelProto, input_dims: list[int], num_classes: int,
-                params: dict[str, str], *, max_batch_size: int = 64, instances: int = 1) -> Path:
-    """A python-backend model with one FP32 ``INPUT`` of ``input_dims`` (no batch dimension) and ``LOGITS``."""
-    config = _config(name, [("INPUT", "TYPE_FP32", list(input_dims))], num_classes, params, max_batch_size,
-                     instances)
+def write_model(repository: Path, name: str, model: onnx.ModelProto | None, input_dims: list[int],
+                output: int | list[int], params: dict[str, str], *, max_batch_size: int = 64,
+                instances: int = 1) -> Path:
+    """A python-backend model with one FP32 ``INPUT`` of ``input_dims`` and ``LOGITS`` of ``output`` (the number of
+    classes, or the dims), neither with the batch dimension."""
+    dims = [output] if isinstance(output, int) else list(output)
+    config = _config(name, [("INPUT", "TYPE_FP32", list(input_dims))], dims, params, max_batch_size, instances)
     return _write_model(repository, name, model, config, {})
+
+
+def write_loki_pipeline(repository: Path, name: str, plan: dict, *, max_batch_size: int = 32, instances: int = 1,
+                        scripted_delays: bool = False) -> Path:
+    """The Loki pipeline's BLS model (:mod:`python_backend.loki_bls`): FRAME [1, 64, 64] -> RESULT (JSON), with
+    ``plan`` as its default plan."""
+    config = f"""name: "{name}"
+backend: "python"
+max_batch_size: {max_batch_size}
+input [ {{ name: "FRAME" data_type: TYPE_FP32 dims: [ 1, 64, 64 ] }} ]
+output [ {{ name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 0 }}
+instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+parameters {{ key: "scripted_delays" value {{ string_value: "{int(scripted_delays)}" }} }}
+"""
+    return _write_model(repository, name, None, config, {"plan.json": json.dumps(plan)}, module="loki_bls")

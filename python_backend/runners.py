@@ -150,3 +150,19 @@ class StaticRunner:
     def warm_up(self, images: np.ndarray) -> int:
         self.run(images)
         return 1
+
+
+class ComponentsRunner:
+    """The Loki pipeline's classical detector (:func:`python_backend.pipeline.components`): no network."""
+
+    def __init__(self, version_dir: Path, threads: int = 1) -> None:
+        pass
+
+    def run(self, images: np.ndarray, subnet_of_row: np.ndarray | None = None) -> np.ndarray:
+        from python_backend.pipeline import components
+
+        return components(images)
+
+    def warm_up(self, images: np.ndarray) -> int:
+        self.run(images)
+        return 1

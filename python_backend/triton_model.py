@@ -2,7 +2,8 @@
 
 ``model_repository/<model>/1/model.py`` only re-exports :class:`TritonPythonModel`. The
 model's ``config.pbtxt`` parameter ``runner`` says what to run: ``supernet`` (INPUT plus
-CONTROL, see :class:`~python_backend.runners.SupernetRunner`) or ``static`` (INPUT only).
+CONTROL, see :class:`~python_backend.runners.SupernetRunner`), ``static`` (INPUT only) or ``components``
+(the Loki pipeline's classical detector, no network).
 Every request gets its own response: a request whose CONTROL names no calibrated subnet
 gets INVALID_ARGUMENT and the other requests of the same dynamic batch are still served.
 A server started with ``accscale triton --emulate-slowdown F`` emulates a slower device kind
@@ -20,9 +21,9 @@ import triton_python_backend_utils as pb_utils
 
 from python_backend import emulation
 from python_backend.control import ControlError
-from python_backend.runners import StaticRunner, SupernetRunner
+from python_backend.runners import ComponentsRunner, StaticRunner, SupernetRunner
 
-RUNNERS = {"supernet": SupernetRunner, "static": StaticRunner}
+RUNNERS = {"supernet": SupernetRunner, "static": StaticRunner, "components": ComponentsRunner}
 
 
 class TritonPythonModel:

@@ -1,0 +1,107 @@
+"""Loki's BLS pipeline model on a real Triton server, with the pipeline trained here (a small recipe): routing by
+the plan's tables, rerouting exactly when the detector hop overran and a backup fits, dropping otherwise, and
+every frame answered; served frames carry what the offline pipeline computes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from export import repository
+from export.loki_models import TEST_RECIPE, build
+from export.scenes import generate
+from python_backend.pipeline import crops, decode
+from python_backend.runners import MODEL_FILE, make_session
+from scheduler_sidecar.live.triton_launcher import TritonServer
+
+pytestmark = pytest.mark.slow
+BLS = "loki_pipeline"
+PLAN = {
+    "version": 1, "drop": "rerouting",
+    "tables": {"frontend": {"detect": [["loki_detect_cc", 1.0]]},
+               "loki_detect_cc": {"digits": [["loki_digits_w16", 1.0]], "shapes": [["loki_shapes_cnn", 1.0]]}},
+    "budget_ms": {"loki_detect_cc": 50.0},
+    "exec_ms": {"loki_digits_w16": 40.0, "loki_digits_w4": 5.0, "loki_shapes_cnn": 40.0, "loki_shapes_linear": 5.0},
+    "backups": {"digits": [["loki_digits_w4", 100.0]], "shapes": [["loki_shapes_linear", 100.0]]},
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loki")
+    build(folder, TEST_RECIPE)
+    repo = folder / "repository"
+    repository.write_loki_pipeline(repo, BLS, PLAN, scripted_delays=True)
+    with TritonServer(repository=repo) as triton:
+        yield triton, repo
+
+
+@pytest.fixture(scope="module")
+def frames() -> np.ndarray:
+    scenes = generate(40, "heldout", seed=9)
+    return scenes.frames[[i for i, o in enumerate(scenes.objects) if len(o) >= 2]]
+
+
+def _send(server, frames: np.ndarray, **params) -> list[dict]:
+    triton, _ = server
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    x = grpcclient.InferInput("FRAME", list(frames.shape), "FP32")
+    x.set_data_from_numpy(frames)
+    result = client.infer(BLS, [x], parameters={k: json.dumps(v) if isinstance(v, dict) else v
+                                                for k, v in params.items()})
+    return [json.loads(r[0]) for r in result.as_numpy("RESULT")]
+
+
+@pytest.mark.parametrize("delay_ms, expected", [(0, "table"), (70, "rerouted"), (110, "dropped")])
+def test_a_hop_is_rerouted_exactly_when_it_overran_and_a_backup_fits(server, frames, delay_ms, expected):
+    """Budget 50 ms at the detector; the routed classifier takes 40 ms, the backup 5: an overrun x of 20-30 ms
+    leaves 10-20 ms, which the backup fits; 60 ms or more leaves nothing."""
+    answers = []
+    for frame in frames[:6]:  # one frame per request: each hop's delay is that frame's own
+        answers += _send(server, frame[None], loki_plan=PLAN, detect_delay_ms=delay_ms)
+    assert len(answers) == 6
+    for a in answers:
+        assert a["detector"] == "loki_detect_cc" and a["plan"] == 1
+        if expected == "dropped":
+            assert a["status"] == "dropped" and not a["objects"] and a["dropped"]
+            assert all("no backup fits" in d["reason"] for d in a["dropped"])
+        else:
+            assert a["status"] == "served" and a["objects"] and not a["dropped"]
+            rerouted = expected == "rerouted"
+            assert all(o["rerouted"] is rerouted for o in a["objects"])
+            assert {o["model"] for o in a["objects"]} <= ({"loki_digits_w4", "loki_shapes_linear"} if rerouted
+                                                          else {"loki_digits_w16", "loki_shapes_cnn"})
+
+
+@pytest.mark.parametrize("mode, served", [("per-task", False), ("none", True)])
+def test_per_task_drops_an_overrun_and_none_serves_it(server, frames, mode, served):
+    plan = {**PLAN, "drop": mode}
+    (answer,) = _send(server, frames[:1], loki_plan=plan, detect_delay_ms=70)
+    assert (answer["status"] == "served") is served and bool(answer["dropped"]) is not served
+
+
+def test_served_frames_match_the_offline_pipeline_and_a_bad_plan_is_refused(server, frames):
+    triton, repo = server
+    answers = _send(server, frames, loki_plan=PLAN)  # one request, the whole batch
+    detector = make_session(repo / "loki_detect_cc" / "1" / MODEL_FILE, 1) \
+        if (repo / "loki_detect_cc" / "1" / MODEL_FILE).exists() else None
+    assert detector is None  # the classical detector has no network
+    from python_backend.pipeline import components
+
+    digits = make_session(repo / "loki_digits_w16" / "1" / MODEL_FILE, 1)
+    shapes = make_session(repo / "loki_shapes_cnn" / "1" / MODEL_FILE, 1)
+    for frame, answer, heat in zip(frames, answers, components(frames)):
+        found = decode(heat)
+        assert answer["status"] == "served" and len(answer["objects"]) == len(found)
+        expected = {}
+        for det in found:
+            session = digits if det[2] == 0 else shapes
+            expected[int(det[0]), int(det[1])] = int(session.run(["LOGITS"], {"INPUT": crops(frame, det[None, :2])})[0]
+                                                     .argmax())
+        assert {(o["row"], o["col"]): o["label"] for o in answer["objects"]} == expected
+    with pytest.raises(Exception, match="no plan|JSONDecodeError|Expecting"):
+        _send(server, frames[:1], loki_plan="{not json")
+    assert _send(server, frames[:1])[0]["plan"] == 1  # the deployed plan.json is the default
