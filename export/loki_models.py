@@ -41,7 +41,6 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 DETECTORS = {"fcn_l": (32, 64), "fcn_s": (8, 16), "cc": None}  # most accurate first
 DIGIT_WIDTHS = {"w16": (16, 32), "w8": (8, 16), "w4": (4, 8)}
 SHAPE_MODELS = {"cnn": (4, 8), "linear": None}
-TASKS = ("detect", "digits", "shapes")
 SLO_MS = 200.0
 MATCH_PX = 4  # a detection finds an object of its kind whose centre is within this many pixels (one cell)
 
@@ -55,7 +54,7 @@ class Recipe:
     repeats: int = 20  # timed rounds per batch size
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps({**self.__dict__, "version": 1}, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps({**self.__dict__, "version": 2}, sort_keys=True).encode()).hexdigest()
 
 
 TEST_RECIPE = Recipe(train_scenes=400, heldout_scenes=120, detector_epochs=3, classifier_epochs=2, repeats=3)
@@ -200,8 +199,11 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
     pipeline = _measure(heldout, detections, models)
     for m in models.values():
         m["latency"] = _profile(m, recipe.repeats)
-    stamp.write_text(json.dumps({"recipe_key": recipe.key(), "recipe": recipe.__dict__, **pipeline,
-                                 "latency_ms": {k: m["latency"] for k, m in models.items()}}, indent=1))
+    stamp.write_text(json.dumps({
+        "recipe_key": recipe.key(), "recipe": recipe.__dict__, "slo_ms": SLO_MS,
+        "tasks": {"detect": ["digits", "shapes"], "digits": [], "shapes": []},
+        "task_of": {k: m["task"] for k, m in models.items()}, **pipeline,
+        "latency_ms": {k: m["latency"] for k, m in models.items()}}, indent=1))
     return stamp
 
 

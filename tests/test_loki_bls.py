@@ -39,6 +39,29 @@ def server(tmp_path_factory):
         yield triton, repo
 
 
+def test_the_trained_pipeline_is_measured_and_plans(server, tmp_path, capsys):
+    """loki.json: accuracies, fan-outs and paths measured on held-out scenes; the MILP and the simulator take it."""
+    from scheduler_sidecar.cli import main
+    from scheduler_sidecar.systems.loki import milp
+    from scheduler_sidecar.systems.loki.data import load_pipeline
+
+    _, repo = server
+    pipeline = load_pipeline(str(repo.parent / "loki.json"))
+    assert [t.name for t in pipeline.tasks] == ["detect", "digits", "shapes"]
+    assert len(pipeline.path_accuracy) == 3 * 3 + 3 * 2
+    assert all(0 <= a <= 1 for a in pipeline.path_accuracy.values())
+    for v in pipeline.root.variants:  # each detector's crops per frame, per branch
+        assert set(v.fanout) == {"digits", "shapes"} and all(f >= 0 for f in v.fanout.values())
+        assert (repo / v.id / "1" / "latency.json").exists()
+    assert milp.plan(pipeline, 200.0, 4).workers <= 4
+    trace = tmp_path / "trace.txt"
+    trace.write_text("".join(f"{i / 100}\n" for i in range(100)))
+    assert main(["simulate", "--pipeline", str(repo.parent / "loki.json"), "--trace", str(trace),
+                 "--workers", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["frames"] == 100 and out["system"] == "loki"
+
+
 @pytest.fixture(scope="module")
 def frames() -> np.ndarray:
     scenes = generate(40, "heldout", seed=9)

@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "--json prints one JSON object.")
     p.add_argument("--policy", choices=[*sorted(POLICIES), "optimal"], default="slackfit",
                    help="scheduling policy; 'optimal' solves the offline ZILP (small traces only)")
-    p.add_argument("--profile", type=Path, required=True,
+    p.add_argument("--profile", type=Path,
                    help="profile JSON (e.g. profiles/superserve_paper.json), or a RAMSIS latency summary CSV "
                         "(profiles/ramsis/ramsis_cpu_latency.csv; it runs its p95 deterministically, digest A7)")
     p.add_argument("--profile-set", help="CSV profile only: which profile_set (e.g. image_cloud_cpu)")
@@ -61,6 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--ms-profile-s", type=float, default=300.0,
                    help="modelswitching: simulated seconds per (load, model) profiling run (default: 300, the "
                         "artifact's)")
+    lk = p.add_argument_group("pipelines (Loki, HPDC '24): --pipeline instead of --profile and --policy")
+    lk.add_argument("--pipeline", metavar="NAME|PATH",
+                    help="traffic-analysis (the authors' profile), or a pipeline built here (its loki.json)")
+    lk.add_argument("--system", default="loki", help="loki (default), inferline, proteus-per-task, or a dropping "
+                                                     "mode: 'no dropping', 'last-task dropping', 'per-task dropping'")
+    lk.add_argument("--headroom", type=float, default=1.0, help="capacity planned per query (default: 1, the paper's)")
     p.add_argument("--dynamics-csv", type=Path, help="write per-second dynamics (ingest, accuracy, batch, attainment)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -90,6 +96,10 @@ def load_profile(path: Path, profile_set: str | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pipeline:
+        return _pipeline(args)
+    if args.profile is None:
+        raise ValueError("--profile is required (or --pipeline for a pipeline)")
     profile = load_profile(args.profile, args.profile_set)
     arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
     fail_at = tuple(float(t) for t in args.fail_at.split(",") if t.strip())
@@ -103,6 +113,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         for key, value in summary.items():
             print(f"{key:>24}: {value:.4f}" if isinstance(value, float) else f"{key:>24}: {value}")
+    return 0
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    """A pipeline's frames through Loki or a baseline; every frame gets the pipeline's SLO."""
+    from scheduler_sidecar.systems.loki.data import load_pipeline
+    from scheduler_sidecar.systems.loki.planner import LokiConfig
+    from scheduler_sidecar.systems.loki.systems import ABLATIONS, SYSTEMS, Setup, metrics, simulate
+
+    systems = SYSTEMS | ABLATIONS
+    if args.system not in systems:
+        raise ValueError(f"unknown --system {args.system!r}; choose one of {sorted(systems)}")
+    pipeline = load_pipeline(args.pipeline)
+    arrival_us, _ = load_queries(args.trace, pipeline.slo_ms)
+    first_s = arrival_us[arrival_us < 10_000_000]
+    run_ = simulate(systems[args.system], Setup(pipeline, args.workers, LokiConfig(headroom=args.headroom)),
+                    arrival_us, initial_demand_qps=len(first_s) / 10.0, seed=args.seed)
+    summary = {"pipeline": pipeline.name, "system": args.system, "workers": args.workers, **metrics(run_),
+               "plans": len(run_.plans)}
+    print(json.dumps(summary) if args.json else "\n".join(f"{k:>24}: {v}" for k, v in summary.items()))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The Loki authors' traffic-analysis pipeline, as the project imported it (``profiles/loki/``, its README).
+"""Pipelines for Loki: the authors' traffic-analysis pipeline, as the project imported it (``profiles/loki/``, its
+README), and a pipeline trained and measured here (:mod:`export.loki_models`, its ``loki.json``).
 
 Detector (YOLOv5 n/s/m/l/x) -> {car classifier (EfficientNet b0-b6), face recogniser (VGG "genderNet")}, the
 tree of §6.1 (Fig. 2). Latency is the artifact's simulator profile (p50 per batch size 1-64; its three device
@@ -10,6 +11,7 @@ detection goes to the classifier (the artifact's MILP multiplies objects per fra
 from __future__ import annotations
 
 import csv
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -56,3 +58,31 @@ def traffic_analysis(*, serial: bool = False, statistic: str = "p50_ms", path: P
 
     tasks = [task(DETECTOR, children)] + [task(c, ()) for c in children]
     return Pipeline("traffic-analysis" + ("-serial" if serial else ""), tuple(tasks), SLO_MS, SOURCE)
+
+
+def trained(path: Path) -> Pipeline:
+    """A pipeline built by ``export.loki_models``: its measured accuracies, path accuracies, fan-outs, latencies."""
+    data = json.loads(Path(path).read_text())
+    tasks = []
+    for name, children in data["tasks"].items():
+        variants = []
+        for model, task in data["task_of"].items():
+            if task != name:
+                continue
+            lat = data["latency_ms"][model]
+            variants.append(StageVariant(model, data["accuracy"][model], LatencyCurve(
+                tuple(lat["batch_sizes"]), tuple(lat["p50_ms"]), tuple(lat["p99_ms"])), data["fanout"].get(model, {})))
+        tasks.append(Task(name, tuple(sorted(variants, key=lambda v: (-v.accuracy, v.id))), tuple(children)))
+    paths = {tuple(k.split("|")): v for k, v in data["path_accuracy"].items()}
+    return Pipeline(f"trained ({Path(path).parent.name})", tuple(tasks), float(data["slo_ms"]),
+                    f"export/loki_models.py, measured on this machine ({path})", paths)
+
+
+def load_pipeline(name_or_path: str) -> Pipeline:
+    """``traffic-analysis`` (its ``-serial`` form), or the path of a trained pipeline's ``loki.json``."""
+    if name_or_path in ("traffic-analysis", "traffic-analysis-serial"):
+        return traffic_analysis(serial=name_or_path.endswith("serial"))
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"--pipeline: {name_or_path!r} is neither traffic-analysis nor a pipeline's loki.json")
+    return trained(path)
