@@ -17,6 +17,7 @@ import onnx
 
 from export.onnx_writer import save
 from python_backend.control import ControlLayout
+from python_backend.pipeline import MAX_OBJECTS
 from python_backend.runners import MODEL_FILE, SUBNETS_FILE, SubnetTable
 
 SHIM = '''"""Thin shim: the model's logic lives in the accscale package (python_backend)."""
@@ -103,17 +104,21 @@ def write_model(repository: Path, name: str, model: onnx.ModelProto | None, inpu
     return _write_model(repository, name, model, config, {})
 
 
-def write_loki_pipeline(repository: Path, name: str, plan: dict, *, max_batch_size: int = 32, instances: int = 1,
-                        scripted_delays: bool = False) -> Path:
-    """The Loki pipeline's BLS model (:mod:`python_backend.loki_bls`): FRAME [1, 64, 64] -> RESULT (JSON), with
-    ``plan`` as its default plan."""
+def write_loki_pipeline(repository: Path, name: str, plan: dict, models: list[str], *, max_batch_size: int = 32,
+                        instances: int = 1, scripted_delays: bool = False) -> Path:
+    """The Loki pipeline's BLS model (:mod:`python_backend.loki_bls`): FRAME [1, 64, 64] -> OBJECTS, STATUS, with
+    ``plan`` as its default plan and ``models`` the stage models its answers index."""
     config = f"""name: "{name}"
 backend: "python"
 max_batch_size: {max_batch_size}
 input [ {{ name: "FRAME" data_type: TYPE_FP32 dims: [ 1, 64, 64 ] }} ]
-output [ {{ name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [
+  {{ name: "OBJECTS" data_type: TYPE_INT32 dims: [ {MAX_OBJECTS}, 6 ] }},
+  {{ name: "STATUS" data_type: TYPE_INT32 dims: [ 3 ] }}
+]
 dynamic_batching {{ max_queue_delay_microseconds: 0 }}
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 parameters {{ key: "scripted_delays" value {{ string_value: "{int(scripted_delays)}" }} }}
+parameters {{ key: "models" value {{ string_value: {json.dumps(json.dumps(models))} }} }}
 """
     return _write_model(repository, name, None, config, {"plan.json": json.dumps(plan)}, module="loki_bls")

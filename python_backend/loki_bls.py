@@ -1,6 +1,10 @@
 """Loki's pipeline as one Triton BLS model: a frame goes through the detector, its crops through the classifiers.
 
-Input ``FRAME`` [1, 64, 64]; output ``RESULT`` (one JSON string per frame). The plan comes with each request as
+Input ``FRAME`` [1, 64, 64]. Outputs, fixed-size so that the sidecar relays them like any model's:
+``OBJECTS`` INT32 [MAX_OBJECTS, 6], one row per detection (row, col, kind, label, model, outcome), unused rows -1:
+kind 0 a digit, 1 a shape; label -1 when dropped; model an index into the config parameter ``models``
+(a JSON list); outcome 0 routed by the table, 1 rerouted, 2 dropped. ``STATUS`` INT32 [3]: (0 served or 1
+dropped, the detector's model index, the plan's version). The plan comes with each request as
 the parameter ``loki_plan`` (a JSON object; the sidecar sends the load balancer's tables) or, without one, from
 ``plan.json`` beside this file (written by the deployment). A plan has::
 
@@ -19,9 +23,8 @@ minus x, and is dropped without one; with ``per-task`` it is dropped (§5.2). Wi
 request parameter ``slo_ms`` (the time left), a crop whose classifier cannot finish in it is dropped. The crops
 of one classifier run as one batch.
 
-Every frame's RESULT says what served it: ``{"status": "served" | "dropped", "detector": model,
-"objects": [{"row", "col", "kind", "label", "model", "rerouted"}], "dropped": [{"row", "col", "kind", "reason"}],
-"plan": version}``; a frame with any crop dropped is "dropped" (it missed its SLO), with what was served.
+Every frame's answer says what served it; a frame with any crop dropped is "dropped" (it missed its SLO), with
+what was served. The reason for a drop goes to the log at verbose level.
 
 Test hook: with the config parameter ``scripted_delays`` = "1", a request parameter ``detect_delay_ms`` adds that
 delay to the detector hop, so a test can script an overrun on a real server.
@@ -36,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from python_backend.pipeline import crops, decode
+from python_backend.pipeline import MAX_OBJECTS, crops, decode
 
 PLAN_FILE = "plan.json"
 MAX_BATCH = 32  # a stage model's largest batch (the profiled sizes end there)
@@ -51,6 +54,8 @@ class TritonPythonModel:
         plan_file = Path(args["model_repository"]) / args["model_version"] / PLAN_FILE
         self.default_plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
         self.rng = np.random.default_rng(int(params.get("seed", "0")))
+        self.models = json.loads(params.get("models", "[]"))
+        self.index = {m: i for i, m in enumerate(self.models)}
 
     def execute(self, requests: list) -> list:
         start = time.perf_counter()
@@ -75,9 +80,20 @@ class TritonPythonModel:
         except pb_utils.TritonModelException as exc:  # a stage model failed: every frame of the batch is told
             answers = [a if isinstance(a, str) else f"a pipeline stage failed: {exc}" for a in answers]
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError(a, pb_utils.TritonError.INVALID_ARG))
-                if isinstance(a, str) else pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
-                    "RESULT", np.array([[json.dumps(r).encode()] for r in a], dtype=np.object_))])
-                for a in answers]
+                if isinstance(a, str) else self._response(a) for a in answers]
+
+    def _response(self, frames: list[dict]):
+        objects = np.full((len(frames), MAX_OBJECTS, 6), -1, np.int32)
+        status = np.zeros((len(frames), 3), np.int32)
+        for i, f in enumerate(frames):
+            rows = [(o["row"], o["col"], o["kind"], o["label"], self.index.get(o["model"], -1), int(o["rerouted"]))
+                    for o in f["objects"]]
+            rows += [(d["row"], d["col"], d["kind"], -1, -1, 2) for d in f["dropped"]]
+            if rows:
+                objects[i, :min(len(rows), MAX_OBJECTS)] = rows[:MAX_OBJECTS]
+            status[i] = (f["status"] == "dropped", self.index.get(f["detector"], -1), f.get("plan") or 0)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OBJECTS", objects),
+                                                          pb_utils.Tensor("STATUS", status)])
 
     def _run(self, jobs: list, answers: list, start: float) -> None:
         by_detector: dict[str, list] = {}
@@ -100,9 +116,9 @@ class TritonPythonModel:
                 for det, patch in zip(detections, patches):
                     target, reason = self._route(plan, detector, KIND_TASK[int(det[2])], overrun, options, start)
                     if target is None:
-                        answer["dropped"].append({"row": int(det[0]), "col": int(det[1]), "kind": int(det[2]),
-                                                  "reason": reason})
+                        answer["dropped"].append({"row": int(det[0]), "col": int(det[1]), "kind": int(det[2])})
                         answer["status"] = "dropped"
+                        pb_utils.Logger.log_verbose(f"frame {k} of request {i}: crop dropped: {reason}")
                     else:
                         crops_for.setdefault(target, []).append((answer, det, patch, reason == "rerouted"))
         for model, items in crops_for.items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 SIZE, CROP, STRIDE = 64, 16, 4
+MAX_OBJECTS = 12  # detections the pipeline answers per frame (scenes hold at most 8 objects)
 THRESHOLD = 0.35  # the classical detector's foreground level
 MIN_AREA = 12  # px: smaller components are noise
 SQUARENESS = 0.7  # fill of its bounding box above which a component is a shape (digits fill far less)
@@ -62,4 +63,20 @@ def components(frames: np.ndarray) -> np.ndarray:
             cell = out[i, :, r // STRIDE, c // STRIDE]
             cell[:] = 0.0
             cell[1 + kind] = 10.0
+    return out
+
+
+OUTCOMES = ("table", "rerouted", "dropped")
+
+
+def read_answers(objects: np.ndarray, status: np.ndarray, models: list[str]) -> list[dict]:
+    """The pipeline model's OBJECTS [N, MAX_OBJECTS, 6] and STATUS [N, 3] as one dict per frame: ``status``
+    ("served" or "dropped"), ``detector``, ``plan`` and ``objects`` (row, col, kind, label, model, outcome)."""
+    out = []
+    for rows, (dropped, detector, plan) in zip(objects, status):
+        out.append({"status": "dropped" if dropped else "served",
+                    "detector": models[detector] if detector >= 0 else None, "plan": int(plan),
+                    "objects": [{"row": int(r), "col": int(c), "kind": int(k), "label": int(label),
+                                 "model": models[m] if m >= 0 else None, "outcome": OUTCOMES[o]}
+                                for r, c, k, label, m, o in rows if o >= 0]})
     return out

@@ -13,12 +13,14 @@ import tritonclient.grpc as grpcclient
 from export import repository
 from export.loki_models import TEST_RECIPE, build
 from export.scenes import generate
-from python_backend.pipeline import crops, decode
+from python_backend.pipeline import crops, decode, read_answers
 from python_backend.runners import MODEL_FILE, make_session
 from scheduler_sidecar.live.triton_launcher import TritonServer
 
 pytestmark = pytest.mark.slow
 BLS = "loki_pipeline"
+MODELS = ["loki_detect_cc", "loki_detect_fcn_s", "loki_detect_fcn_l", "loki_digits_w16", "loki_digits_w8",
+          "loki_digits_w4", "loki_shapes_cnn", "loki_shapes_linear"]
 PLAN = {
     "version": 1, "drop": "rerouting",
     "tables": {"frontend": {"detect": [["loki_detect_cc", 1.0]]},
@@ -34,7 +36,7 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("loki")
     build(folder, TEST_RECIPE)
     repo = folder / "repository"
-    repository.write_loki_pipeline(repo, BLS, PLAN, scripted_delays=True)
+    repository.write_loki_pipeline(repo, BLS, PLAN, MODELS, scripted_delays=True)
     with TritonServer(repository=repo) as triton:
         yield triton, repo
 
@@ -75,7 +77,7 @@ def _send(server, frames: np.ndarray, **params) -> list[dict]:
     x.set_data_from_numpy(frames)
     result = client.infer(BLS, [x], parameters={k: json.dumps(v) if isinstance(v, dict) else v
                                                 for k, v in params.items()})
-    return [json.loads(r[0]) for r in result.as_numpy("RESULT")]
+    return read_answers(result.as_numpy("OBJECTS"), result.as_numpy("STATUS"), MODELS)
 
 
 @pytest.mark.parametrize("delay_ms, expected", [(0, "table"), (70, "rerouted"), (110, "dropped")])
@@ -88,14 +90,13 @@ def test_a_hop_is_rerouted_exactly_when_it_overran_and_a_backup_fits(server, fra
     assert len(answers) == 6
     for a in answers:
         assert a["detector"] == "loki_detect_cc" and a["plan"] == 1
-        if expected == "dropped":
-            assert a["status"] == "dropped" and not a["objects"] and a["dropped"]
-            assert all("no backup fits" in d["reason"] for d in a["dropped"])
+        assert a["objects"] and {o["outcome"] for o in a["objects"]} == {expected}
+        assert (a["status"] == "dropped") is (expected == "dropped")
+        if expected == "dropped":  # explicitly: where the object was, and no label
+            assert all(o["label"] == -1 and o["model"] is None for o in a["objects"])
         else:
-            assert a["status"] == "served" and a["objects"] and not a["dropped"]
-            rerouted = expected == "rerouted"
-            assert all(o["rerouted"] is rerouted for o in a["objects"])
-            assert {o["model"] for o in a["objects"]} <= ({"loki_digits_w4", "loki_shapes_linear"} if rerouted
+            assert {o["model"] for o in a["objects"]} <= ({"loki_digits_w4", "loki_shapes_linear"}
+                                                          if expected == "rerouted"
                                                           else {"loki_digits_w16", "loki_shapes_cnn"})
 
 
@@ -103,7 +104,8 @@ def test_a_hop_is_rerouted_exactly_when_it_overran_and_a_backup_fits(server, fra
 def test_per_task_drops_an_overrun_and_none_serves_it(server, frames, mode, served):
     plan = {**PLAN, "drop": mode}
     (answer,) = _send(server, frames[:1], loki_plan=plan, detect_delay_ms=70)
-    assert (answer["status"] == "served") is served and bool(answer["dropped"]) is not served
+    assert (answer["status"] == "served") is served
+    assert any(o["outcome"] == "dropped" for o in answer["objects"]) is not served
 
 
 def test_served_frames_match_the_offline_pipeline_and_a_bad_plan_is_refused(server, frames):
