@@ -1,5 +1,6 @@
 """``accscale demo``: the whole system on the default supernet, one bursty trace, three policies
-(``accscale demo proteus``: Proteus' live demo, :mod:`.proteus_demo`).
+(``accscale demo proteus`` and ``accscale demo loki``: those systems' live demos, :mod:`.proteus_demo`,
+:mod:`.loki_demo`).
 
 Builds (or reuses) the full-preset supernet and its profile, starts Triton and the sidecar
 on free loopback ports, replays one bursty trace with Locust for SlackFit and for two
@@ -20,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from export.commands import add_build_options
-from scheduler_sidecar.experiments import proteus_demo
+from scheduler_sidecar.experiments import loki_demo, proteus_demo
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     systems = p.add_subparsers(dest="system", metavar="SYSTEM", help="another system's live demo (default: "
                                "SuperServe's, above)")
     proteus_demo.register(systems)
+    loki_demo.register(systems)
 
 
 def run(args: argparse.Namespace) -> int:

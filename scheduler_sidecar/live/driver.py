@@ -107,9 +107,9 @@ class LiveModel:
     def __init__(self, options: ModelOptions, profile: Profile, inputs: tuple[TensorSpec, ...],
                  outputs: tuple[TensorSpec, ...], stats) -> None:
         for v in profile.variants:
-            if v.actuation.kind not in ("supernet", "model"):
+            if v.actuation.kind not in ("supernet", "model", "pipeline"):
                 raise ValueError(f"profile {profile.name}: variant {v.id!r} is a {v.actuation.kind!r} variant; "
-                                 "the sidecar serves supernet and model variants")
+                                 "the sidecar serves supernet, model and pipeline variants")
         self.options = options
         self.name = options.name
         self.profile = profile
@@ -134,14 +134,15 @@ class LiveModel:
         assert self.driver is not None
         return await self.driver.infer(self, inputs, slo_us, budget_us)
 
-    def call(self, variant: Variant, inputs: list[dict[str, bytes]]) -> InferCall:
-        """The worker call that runs ``variant`` on these rows."""
+    def call(self, variant: Variant, inputs: list[dict[str, bytes]],
+             parameters: tuple[tuple[str, object], ...] = ()) -> InferCall:
+        """The worker call that runs ``variant`` on these rows, with the dispatch's ``parameters``."""
         act = variant.actuation
         tensors = [(spec, tuple(row[spec.name] for row in inputs)) for spec in self.inputs.values()]
         if act.kind == "supernet":
             control = TensorSpec(CONTROL_INPUT, "INT32", (len(act.control),))
             tensors.append((control, (self.control[variant.id],) * len(inputs)))
-        return InferCall(act.model, act.version or "", tuple(tensors), tuple(self.outputs.values()))
+        return InferCall(act.model, act.version or "", tuple(tensors), tuple(self.outputs.values()), parameters)
 
 
 @dataclass
@@ -293,7 +294,7 @@ class LiveDriver:
         start = self.clock()
         last_deadline_us = max(q.deadline_us for q in batch.queries)
         try:
-            answers = await self._infer(slot.worker, model, variant, live, last_deadline_us)
+            answers = await self._infer(slot.worker, model, variant, live, last_deadline_us, batch.dispatch.params)
         except WorkerLost as exc:
             self.on_worker_lost(slot.worker, str(exc))
             self._guard(self.engine.batch_failed, batch, exc)
@@ -321,7 +322,8 @@ class LiveDriver:
         self._guard(self.engine.batch_done, batch, BatchResult(outputs=outputs, follow_ups=follow_ups, failed=failed))
 
     async def _infer(self, worker: Worker, model: LiveModel, variant: Variant, rows: list[_Pending],
-                     last_deadline_us: int) -> list[dict[str, bytes] | WorkerFailed]:
+                     last_deadline_us: int, params: tuple[tuple[str, object], ...] = ()
+                     ) -> list[dict[str, bytes] | WorkerFailed]:
         """Each row's outputs, or the worker's error for a row that fails even alone.
 
         A worker that fails a batch of several rows for a reason other than time is asked again in
@@ -330,14 +332,14 @@ class LiveDriver:
         """
         timeout_s = max(0.0, (last_deadline_us - self.clock()) / 1e6) + RPC_GRACE_S
         try:
-            return await worker.infer(model.call(variant, [p.inputs for p in rows]), timeout_s)
+            return await worker.infer(model.call(variant, [p.inputs for p in rows], params), timeout_s)
         except WorkerFailed as exc:
             if len(rows) == 1 or exc.code is Code.DEADLINE_EXCEEDED:
                 return [exc] * len(rows)
             log.warning("a batch of %d on %s failed (%s); retrying it in halves", len(rows), worker.url, exc)
             half = len(rows) // 2
-            return [*await self._infer(worker, model, variant, rows[:half], last_deadline_us),
-                    *await self._infer(worker, model, variant, rows[half:], last_deadline_us)]
+            return [*await self._infer(worker, model, variant, rows[:half], last_deadline_us, params),
+                    *await self._infer(worker, model, variant, rows[half:], last_deadline_us, params)]
 
     def _follow_ups(self, model: LiveModel, rows: tuple[_Pending, ...], answers: tuple[dict[str, bytes], ...],
                     now: int) -> tuple[Query, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -42,6 +43,7 @@ class InferCall:
     version: str  # "" for the latest
     inputs: tuple[tuple[TensorSpec, tuple[bytes, ...]], ...]
     outputs: tuple[TensorSpec, ...]
+    parameters: tuple[tuple[str, object], ...] = ()  # the dispatch's per-batch settings, as request parameters
 
     @property
     def rows(self) -> int:
@@ -92,6 +94,18 @@ def code_from_grpc(status: grpc.StatusCode) -> Code:
     return next((c for c in Code if c.value[0] == status.name), Code.INTERNAL)
 
 
+def set_parameter(parameter: pb.InferParameter, value: object) -> None:
+    """A request parameter of the type ``value`` has; anything but a bool, int, float or str is sent as JSON."""
+    if isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        parameter.int64_param = value
+    elif isinstance(value, float):
+        parameter.double_param = value
+    else:
+        parameter.string_param = value if isinstance(value, str) else json.dumps(value)
+
+
 def _worker_error(url: str, exc: grpc.aio.AioRpcError) -> WorkerError:
     message = f"worker {url}: {exc.details()}"
     if exc.code() in LOST:
@@ -114,6 +128,8 @@ class TritonWorker:
         for spec, rows in call.inputs:
             request.inputs.add(name=spec.name, datatype=spec.datatype, shape=[k, *spec.dims])
             request.raw_input_contents.append(b"".join(rows))
+        for key, value in call.parameters:
+            set_parameter(request.parameters[key], value)
         try:
             response = await self.stub.ModelInfer(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:

@@ -75,12 +75,16 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: overhead_us must be >= 0")
 
 
-PLANNERS = ("proteus",)
+PLANNERS = ("proteus", "loki")
+LOKI_LIVE_OPTIONS = {"pipeline", "instances", "drop", "budget", "slowdown"}  # beside LokiConfig's
 
 
 @dataclass(frozen=True)
 class PlannerSpec:
-    """A periodic planner: ``proteus`` (the MILP of ``systems/proteus``) with its config's options."""
+    """A periodic planner with its options: ``proteus`` (the MILP of ``systems/proteus``; ProteusConfig's options)
+    or ``loki`` (``systems/loki``'s live controller: ``pipeline``, the path of a pipeline's loki.json;
+    ``instances``, the replica budget; ``drop``; ``budget``; ``slowdown``, the emulated device's factor on the
+    pipeline's profiled latencies; and LokiConfig's options)."""
 
     kind: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -88,7 +92,31 @@ class PlannerSpec:
     def __post_init__(self) -> None:
         if self.kind not in PLANNERS:
             raise ValueError(f"planner: unknown kind {self.kind!r}; choose one of {list(PLANNERS)}")
-        self.proteus_config()  # checks the options
+        if self.kind == "proteus":
+            self.proteus_config()  # checks the options
+        else:
+            self.loki_planner()
+
+    def loki_planner(self):
+        """The live Loki planner these options describe (it reads the pipeline's loki.json)."""
+        from scheduler_sidecar.systems.loki.data import load_pipeline
+        from scheduler_sidecar.systems.loki.live import LivePlanner
+        from scheduler_sidecar.systems.loki.planner import LokiConfig
+
+        known = {f.name for f in fields(LokiConfig) if f.name != "top_only"}
+        unknown = sorted(set(self.options) - known - LOKI_LIVE_OPTIONS)
+        if unknown:
+            raise ValueError(f"planner: unknown options {unknown}; known: {sorted(known | LOKI_LIVE_OPTIONS)}")
+        if "pipeline" not in self.options:
+            raise ValueError("planner: loki needs 'pipeline', the path of a pipeline's loki.json")
+        live = {k: v for k, v in self.options.items() if k in LOKI_LIVE_OPTIONS}
+        try:
+            pipeline = load_pipeline(str(live["pipeline"])).scaled(float(live.get("slowdown", 1.0)))
+            return LivePlanner(pipeline, int(live.get("instances", 8)),
+                               LokiConfig(**{k: v for k, v in self.options.items() if k in known}),
+                               drop=live.get("drop", "rerouting"), budget=live.get("budget", "proportional"))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"planner: {exc}") from None
 
     def proteus_config(self):
         """The options as a ProteusConfig (imported here: it brings the MILP solver)."""

@@ -153,9 +153,12 @@ class Sidecar:
 
         assert self.driver is not None and self.config.planner is not None
         engine = self.driver.engine
-        planner = ProteusPlanner(self.profiles, [(w.id, w.device) for w in engine.workers],
-                                 {m.name: m.default_slo_us / 1000 for m in self.config.models},
-                                 self.config.planner.proteus_config())
+        if self.config.planner.kind == "loki":
+            planner = self.config.planner.loki_planner()
+        else:
+            planner = ProteusPlanner(self.profiles, [(w.id, w.device) for w in engine.workers],
+                                     {m.name: m.default_slo_us / 1000 for m in self.config.models},
+                                     self.config.planner.proteus_config())
         self.driver.use_planner(planner)
         deadline = asyncio.get_running_loop().time() + self.config.startup_wait_s
         while engine.placing and asyncio.get_running_loop().time() < deadline:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 
@@ -131,6 +131,12 @@ class Pipeline:
         for a, b in itertools.pairwise(path):
             m *= self.variant(a).fanout[self.task_of(b).name]
         return m
+
+    def scaled(self, factor: float) -> Pipeline:
+        """The same pipeline with every latency multiplied by ``factor`` (an emulated slower device)."""
+        tasks = tuple(replace(t, variants=tuple(replace(v, latency=v.latency.scaled(factor)) for v in t.variants))
+                      for t in self.tasks)
+        return replace(self, tasks=tasks)
 
     def profile(self, task: str) -> Profile:
         """The engine's profile of one task: each variant its own Triton model."""

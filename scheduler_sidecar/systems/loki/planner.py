@@ -53,6 +53,9 @@ class LokiConfig:
             raise ValueError(f"loki: batch_sizes must be positive, got {self.batch_sizes!r}")
 
 
+DEFAULT_CONFIG = LokiConfig()
+
+
 @dataclass(frozen=True)
 class LokiPlan:
     """What the stage policies route by: the solution, its replicas and the load balancer's tables."""
@@ -60,6 +63,7 @@ class LokiPlan:
     demand_qps: float
     solution: milp.Solution
     routing: Routing
+    bls: dict | None = None  # live: the plan the pipeline's BLS model reads (:func:`.live.bls_plan`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +82,7 @@ class PlanRecord:
 class LokiPlanner(Planner):
     """See the module notes. ``workers`` are the worker ids of the cluster (S)."""
 
-    def __init__(self, pipeline: Pipeline, workers: Sequence[int], config: LokiConfig = LokiConfig(), *,
+    def __init__(self, pipeline: Pipeline, workers: Sequence[int], config: LokiConfig = DEFAULT_CONFIG, *,
                  initial_demand_qps: float = 0.0) -> None:
         if len(workers) < len(pipeline.tasks):
             raise ValueError(f"loki: {len(workers)} workers cannot hold one replica of each of "

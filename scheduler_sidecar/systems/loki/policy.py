@@ -73,6 +73,20 @@ class Hop:
     rerouted: bool = False
 
 
+def budget_factors(pipeline: Pipeline, routing: Routing, budget: str) -> dict[str, float]:
+    """Task -> its latency budget over its batch latency under ``routing`` (see the module notes)."""
+    tasks = [t.name for t in pipeline.tasks]
+    if budget != "proportional":
+        return dict.fromkeys(tasks, 1.0 if budget == "paper" else 2.0)
+    slowest = {t: max((r.batch_ms for r in routing.workers_of(t)), default=0.0) for t in tasks}
+    path_ms = {leaf.name: sum(slowest[t.name] for t in pipeline.chain(leaf.name)) for leaf in pipeline.leaves}
+    out = {}
+    for t in tasks:
+        through = [ms for leaf, ms in path_ms.items() if t in {c.name for c in pipeline.chain(leaf)}]
+        out[t] = pipeline.slo_ms / max(through) if through and max(through) > 0 else 2.0
+    return out
+
+
 class Router:
     """What the task policies of one pipeline share: the plan's tables, where each query ran, backup allowances."""
 
@@ -94,20 +108,7 @@ class Router:
         if isinstance(plan.detail, LokiPlan) and plan.detail.routing is not self.routing:
             self.routing = plan.detail.routing
             self._second = -1
-            self._factor = self._factors(self.routing)
-
-    def _factors(self, routing: Routing) -> dict[str, float]:
-        tasks = [t.name for t in self.pipeline.tasks]
-        if self.budget != "proportional":
-            return dict.fromkeys(tasks, 1.0 if self.budget == "paper" else 2.0)
-        slowest = {t: max((r.batch_ms for r in routing.workers_of(t)), default=0.0) for t in tasks}
-        path_ms = {leaf.name: sum(slowest[t.name] for t in self.pipeline.chain(leaf.name))
-                   for leaf in self.pipeline.leaves}
-        out = {}
-        for t in tasks:
-            through = [ms for leaf, ms in path_ms.items() if t in {c.name for c in self.pipeline.chain(leaf)}]
-            out[t] = self.pipeline.slo_ms / max(through) if through and max(through) > 0 else 2.0
-        return out
+            self._factor = budget_factors(self.pipeline, self.routing, self.budget)
 
     def target(self, source: int | None, task: str) -> int | None:
         """Sample the worker for a query from ``source`` (FRONTEND or a worker) to ``task``."""

@@ -1,0 +1,189 @@
+"""``accscale demo loki``: the Loki pipeline live, behind the sidecar, through a burst.
+
+Builds (or reuses) the pipeline trained here (:mod:`export.loki_models`: a detector, then a digit and a shape
+classifier, every variant its own Triton model) and its BLS model, starts one Triton server whose stage models
+run ``--slowdown`` times slower than this machine (each batch sleeps to its profiled latency times that: an
+emulated slower device, so the plans have something to trade), and the sidecar with Loki's live controller in
+front of it. The controller re-plans every ``--period-s`` and on a 20% demand change over ``--instances``
+replicas (one per task: each task's traffic goes to one model instance at a time), and the sidecar sends each
+batch of frames to the BLS with the plan's tables. Frames are held-out scenes, sent with ``tritonclient``
+(gRPC, open loop, Poisson) at ``--base-qps``, ``--burst-qps`` in the middle third. Per window: frames sent,
+served within the SLO, answered as dropped, late, refused; the share of the objects in the frames found and
+labelled right; which detector served; crops rerouted. Written to --out: ``windows.csv`` and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from export.presets import DEFAULT_BUILD_DIR
+
+WINDOW_S = 5.0
+MODEL = "scenes"  # the logical model clients call
+BLS = "loki_pipeline"
+
+
+def register(demos: argparse._SubParsersAction) -> None:
+    p = demos.add_parser("loki", help="Loki live: a detector -> classifiers pipeline as a BLS model, a burst",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration-s", type=float, default=60.0, help="how long to send (default: 60)")
+    p.add_argument("--base-qps", type=float, default=10.0, help="frames per second (default: 10)")
+    p.add_argument("--burst-qps", type=float, default=150.0,
+                   help="frames per second in the middle third (default: 150)")
+    p.add_argument("--slo-ms", type=float, default=200.0, help="every frame's SLO (default: 200)")
+    p.add_argument("--slowdown", type=float, default=100.0,
+                   help="the emulated device: stage models run this many times slower (default: 100)")
+    p.add_argument("--instances", type=int, default=3, help="replicas the resource manager places (default: 3)")
+    p.add_argument("--period-s", type=float, default=5.0, help="the resource manager's period (default: 5)")
+    p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
+    p.add_argument("--out", type=Path, help="where the results go (default: runs/loki-demo-<time>)")
+    p.set_defaults(func=run)
+
+
+def deploy(folder: Path, slo_ms: float, slowdown: float, instances: int) -> tuple[Path, Path, list[str]]:
+    """Build the pipeline (cached), write its BLS model with a first plan, and the logical model's profile:
+    (loki.json, the profile's path, the stage models)."""
+    from export import repository
+    from export.loki_models import build
+    from scheduler_sidecar.core.plan import Demand
+    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+    from scheduler_sidecar.systems.loki.data import trained
+    from scheduler_sidecar.systems.loki.live import LivePlanner
+    from scheduler_sidecar.systems.loki.planner import LokiConfig
+
+    stamp = build(folder)
+    pipeline = trained(stamp).scaled(slowdown)
+    models = [v.id for t in pipeline.tasks for v in t.variants]
+    planner = LivePlanner(pipeline, instances, LokiConfig(min_demand_qps=1.0), )
+    first = planner.plan(0, Demand(0, 1, {})).detail.bls
+    repository.write_loki_pipeline(folder / "repository", BLS, first, models)
+    # the whole pipeline as one variant, for the sidecar's admission and queue: its slowest path, batch b frames
+    root = pipeline.root
+    batches = root.top.latency.batch_sizes
+    ms = tuple(max(v.latency.p50_ms[i] for v in root.variants) + max(
+        v.latency.p50_at(min(batches[-1], b * 4)) for t in pipeline.tasks[1:] for v in t.variants)
+        for i, b in enumerate(batches))
+    profile = folder / "pipeline-profile.json"
+    Profile("loki-pipeline", f"{stamp} x{slowdown:g}", (Variant("pipeline", 1.0, Actuation("pipeline", BLS, path=tuple(t.name for t in pipeline.tasks)),
+                                                                 {"cpu": LatencyCurve(batches, ms, ms)}),)).save(profile)
+    return stamp, profile, models
+
+
+def run(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
+
+    out = args.out or Path("runs") / time.strftime("loki-demo-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    folder = args.build_dir / "loki-demo"
+    stamp, profile, models = deploy(folder, args.slo_ms, args.slowdown, args.instances)
+    measured = json.loads(stamp.read_text())
+    for model in models:
+        print(f"{model:<20} accuracy {100 * measured['accuracy'][model]:.1f}%")
+    with contextlib.ExitStack() as stack:
+        triton = stack.enter_context(TritonServer(repository=folder / "repository", models=[*models, BLS],
+                                                  emulate_slowdown=args.slowdown))
+        config = out / "sidecar.toml"
+        config.write_text(sidecar_config(stamp, profile, args))
+        sidecar = stack.enter_context(SidecarServer(workers=[triton.grpc_url], config=config))
+        print(f"sidecar at {sidecar.grpc_url}, Triton at {triton.grpc_url} (x{args.slowdown:g})")
+        rows = asyncio.run(drive(sidecar.grpc_url, models, args))
+        (out / "sidecar.log").write_text(sidecar.log_path.read_text())
+    write(out, rows, args)
+    return 0
+
+
+def sidecar_config(stamp: Path, profile: Path, args) -> str:
+    return (f'[planner]\nkind = "loki"\npipeline = "{stamp.absolute()}"\ninstances = {args.instances}\n'
+            f'slowdown = {args.slowdown}\nperiod_s = {args.period_s}\nmin_demand_qps = 1.0\n'
+            f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "loki"\n'
+            f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n')
+
+
+async def drive(url: str, models: list[str], args) -> list[dict]:
+    """Send the frames; per window, what came back."""
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    from export.loki_models import match
+    from export.scenes import generate
+    from python_backend.pipeline import read_answers
+
+    scenes = generate(300, "heldout", seed=21)
+    stats: dict[int, Counter] = defaultdict(Counter)
+    detectors: dict[int, Counter] = defaultdict(Counter)
+    rng = np.random.default_rng(0)
+    tasks = []
+    async with aioclient.InferenceServerClient(url) as client:
+        async def one(i: int, window: int) -> None:
+            frame = scenes.frames[i % len(scenes)][None]
+            tensor = aioclient.InferInput("FRAME", list(frame.shape), "FP32")
+            tensor.set_data_from_numpy(frame)
+            s = stats[window]
+            s["sent"] += 1
+            start = time.monotonic()
+            try:
+                result = await client.infer(MODEL, [tensor], parameters={"slo_us": round(args.slo_ms * 1000)})
+            except InferenceServerException:
+                s["refused"] += 1
+                return
+            (answer,) = read_answers(result.as_numpy("OBJECTS"), result.as_numpy("STATUS"), models)
+            objects = scenes.objects[i % len(scenes)]
+            found = np.array([[o["row"], o["col"], o["kind"]] for o in answer["objects"]]).reshape(-1, 3)
+            hits = match(found, objects)
+            labels = [answer["objects"][h]["label"] for h in hits if h >= 0]
+            s["objects"] += len(objects)
+            s["right"] += sum(lab == obj[3] for lab, obj in zip(labels, objects[hits >= 0]))
+            s["rerouted"] += sum(o["outcome"] == "rerouted" for o in answer["objects"])
+            detectors[window][answer["detector"]] += 1
+            if answer["status"] == "dropped":
+                s["dropped"] += 1
+            elif time.monotonic() - start > args.slo_ms / 1000:
+                s["late"] += 1
+            else:
+                s["met"] += 1
+
+        begin, t, i = time.monotonic(), 0.0, 0
+        while t < args.duration_s:
+            burst = args.duration_s / 3 <= t < 2 * args.duration_s / 3
+            t += rng.exponential(1 / (args.burst_qps if burst else args.base_qps))
+            await asyncio.sleep(max(0.0, begin + t - time.monotonic()))
+            tasks.append(asyncio.ensure_future(one(i, int(t // WINDOW_S))))
+            i += 1
+        await asyncio.gather(*tasks)
+    rows = []
+    for w, s in sorted(stats.items()):
+        rows.append({"window_s": w * WINDOW_S, "sent": s["sent"], "met": s["met"], "dropped": s["dropped"],
+                     "late": s["late"], "refused": s["refused"],
+                     "objects_right_pct": round(100 * s["right"] / s["objects"], 1) if s["objects"] else "",
+                     "rerouted": s["rerouted"],
+                     "detectors": " ".join(f"{d.removeprefix('loki_detect_')}:{n}"
+                                           for d, n in detectors[w].most_common())})
+    return rows
+
+
+def write(out: Path, rows: list[dict], args) -> None:
+    with open(out / "windows.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    total = {k: sum(r[k] for r in rows) for k in ("sent", "met", "dropped", "late", "refused", "rerouted")}
+    summary = (f"# Loki live demo\n\n{args.base_qps:g} frames/s, {args.burst_qps:g} in the middle third, SLO "
+               f"{args.slo_ms:g} ms, {args.duration_s:g} s; stage models emulated x{args.slowdown:g}; "
+               f"{args.instances} replicas planned.\n\n"
+               + ", ".join(f"{k} {v}" for k, v in total.items()) + ".\n\n" + "\n".join(lines) + "\n")
+    (out / "summary.md").write_text(summary)
+    print(summary)
