@@ -70,6 +70,10 @@ class Executor(Protocol):
     def plan(self, planner: Planner, now_us: int, demand: Demand) -> None:
         """Run ``planner.plan``, inline or off the event loop; hand the result to ``engine.apply_plan``."""
 
+    def scale(self, model: str, instances: int) -> None:
+        """Run ``instances`` instances of ``model`` on every worker (a plan's ``instances``: the pipeline models a
+        BLS model calls are not a worker's placement)."""
+
 
 # record, the driver's output for a served query, the error for one that was not served
 EndHandler = Callable[[QueryRecord, object, AccscaleError | None], None]
@@ -113,6 +117,7 @@ class Engine:
         self._attempts: dict[int, int] = {}  # query id -> dispatches so far (only while it is not done)
         self._wakeups: set[int] = set()  # times the executor will call wakeup()
         self._target: dict[int, frozenset[str]] = {}  # worker id -> placement still to carry out
+        self._instances: dict[str, int] = {}  # Triton model -> the instance count a plan last set
         self._arrivals: dict[str, int] = {}  # query type -> arrivals since the last plan
         self._demand_since_us = clock()
         self._next_plan_us: int | None = None
@@ -269,6 +274,10 @@ class Engine:
             if wid not in self._index:
                 raise PolicyError(f"plan places models on unknown worker {wid}")
             self._target[wid] = frozenset(models)
+        for model, count in plan.instances.items():
+            if self._instances.get(model) != count:
+                self._instances[model] = count
+                self.executor.scale(model, count)
         for qt in self.types.values():
             qt.policy.observe_plan(now, plan)
         assert self.planner is not None

@@ -39,6 +39,8 @@ class Plan:
     # worker id -> the Triton models it should hold; workers not named keep what they have
     placement: Mapping[int, frozenset[str]] = field(default_factory=dict)
     detail: object = None  # what the policies route by (e.g. per-type worker weights); the planner's own type
+    # Triton model -> the instances each worker should run (Loki's replicas); models not named keep theirs
+    instances: Mapping[str, int] = field(default_factory=dict)
 
 
 class Planner(abc.ABC):

@@ -5,11 +5,16 @@ classifier, every variant its own Triton model) and its BLS model, starts one Tr
 run ``--slowdown`` times slower than this machine (each batch sleeps to its profiled latency times that: an
 emulated slower device, so the plans have something to trade), and the sidecar with Loki's live controller in
 front of it. The controller re-plans every ``--period-s`` and on a 20% demand change over ``--instances``
-replicas (one per task: each task's traffic goes to one model instance at a time), and the sidecar sends each
-batch of frames to the BLS with the plan's tables. Frames are held-out scenes, sent with ``tritonclient``
+replicas (each variant's become its Triton instance count), and the sidecar sends each batch of frames to the
+BLS with the plan's tables. Frames are held-out scenes, sent with ``tritonclient``
 (gRPC, open loop, Poisson) at ``--base-qps``, ``--burst-qps`` in the middle third. Per window: frames sent,
 served within the SLO, answered as dropped, late, refused; the share of the objects in the frames found and
 labelled right; which detector served; crops rerouted. Written to --out: ``windows.csv`` and ``summary.md``.
+
+What the plans do not see: the BLS model runs a batch's stages one after the other, so its own instances
+(BLS_INSTANCES) bound the frames in flight, and the client, the sidecar and Triton share this machine. With
+more replicas than tasks the resource manager may add a detector instance where switching to the cheaper
+detector was what the burst needed (``--instances 4`` shows it).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from export.presets import DEFAULT_BUILD_DIR
 WINDOW_S = 5.0
 MODEL = "scenes"  # the logical model clients call
 BLS = "loki_pipeline"
+BLS_INSTANCES = 2  # frame batches in flight at once (the sidecar's slots on the server)
 
 
 def register(demos: argparse._SubParsersAction) -> None:
@@ -41,7 +47,10 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ms", type=float, default=200.0, help="every frame's SLO (default: 200)")
     p.add_argument("--slowdown", type=float, default=100.0,
                    help="the emulated device: stage models run this many times slower (default: 100)")
-    p.add_argument("--instances", type=int, default=3, help="replicas the resource manager places (default: 3)")
+    p.add_argument("--instances", type=int, default=3,
+                   help="replicas the resource manager places: Triton instances of the stage models (default: 3, "
+                        "one per task, so a burst is met by accuracy scaling)")
+    p.add_argument("--headroom", type=float, default=1.0, help="capacity planned per frame of demand (default: 1)")
     p.add_argument("--period-s", type=float, default=5.0, help="the resource manager's period (default: 5)")
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
     p.add_argument("--out", type=Path, help="where the results go (default: runs/loki-demo-<time>)")
@@ -64,7 +73,7 @@ def deploy(folder: Path, slo_ms: float, slowdown: float, instances: int) -> tupl
     models = [v.id for t in pipeline.tasks for v in t.variants]
     planner = LivePlanner(pipeline, instances, LokiConfig(min_demand_qps=1.0), )
     first = planner.plan(0, Demand(0, 1, {})).detail.bls
-    repository.write_loki_pipeline(folder / "repository", BLS, first, models)
+    repository.write_loki_pipeline(folder / "repository", BLS, first, models, instances=BLS_INSTANCES)
     # the whole pipeline as one variant, for the sidecar's admission and queue: its slowest path, batch b frames
     root = pipeline.root
     batches = root.top.latency.batch_sizes
@@ -106,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
 def sidecar_config(stamp: Path, profile: Path, args) -> str:
     return (f'[planner]\nkind = "loki"\npipeline = "{stamp.absolute()}"\ninstances = {args.instances}\n'
             f'slowdown = {args.slowdown}\nperiod_s = {args.period_s}\nmin_demand_qps = 1.0\n'
+            f'headroom = {args.headroom}\n'
             f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "loki"\n'
             f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n')
 

@@ -407,6 +407,20 @@ class LiveDriver:
         except WorkerError as exc:
             log.warning("unloading %s on %s failed: %s", model, slot.label, exc)
 
+    def scale(self, model: str, instances: int) -> None:
+        for slot in {id(s.worker): s for s in self.slots.values()}.values():  # once per Triton server
+            self._spawn(self._scale(slot, model, instances))
+
+    async def _scale(self, slot: _Slot, model: str, instances: int) -> None:
+        start = self.clock()
+        try:
+            await slot.worker.set_instances(model, instances)
+        except WorkerError as exc:
+            log.warning("setting %s to %d instances on %s failed: %s", model, instances, slot.label, exc)
+            return
+        log.info("%s runs %d instance(s) on %s (reloaded in %.0f ms)", model, instances, slot.label,
+                 (self.clock() - start) / 1000)
+
     def wake_at(self, time_us: int) -> None:
         loop = asyncio.get_running_loop()
         handle: asyncio.TimerHandle | None = None

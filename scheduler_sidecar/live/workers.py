@@ -81,6 +81,8 @@ class Worker(Protocol):
 
     async def unload(self, model: str) -> None: ...
 
+    async def set_instances(self, model: str, instances: int) -> None: ...
+
     async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
         """Whether the server and every named model are ready (with none named: whether the server is live)."""
 
@@ -142,6 +144,22 @@ class TritonWorker:
 
     async def unload(self, model: str) -> None:
         await self._control(self.stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name=model))
+
+    async def set_instances(self, model: str, instances: int) -> None:
+        """Reload ``model`` with its config's instance count set to ``instances`` (Triton serves the old
+        instances until the new ones are ready)."""
+        from google.protobuf import json_format
+
+        try:
+            config = (await self.stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=10)).config
+        except grpc.aio.AioRpcError as exc:
+            raise _worker_error(self.url, exc) from exc
+        groups = config.instance_group or [config.instance_group.add()]
+        for group in groups:
+            group.count = max(1, instances // len(groups))
+        request = pb.RepositoryModelLoadRequest(model_name=model)
+        request.parameters["config"].string_param = json_format.MessageToJson(config)
+        await self._control(self.stub.RepositoryModelLoad, request)
 
     async def _control(self, rpc, request) -> None:
         try:
@@ -254,6 +272,9 @@ class FakeWorker:
 
     async def unload(self, model: str) -> None:
         self.control.append(("unload", model))
+
+    async def set_instances(self, model: str, instances: int) -> None:
+        self.control.append(("instances", f"{model}={instances}"))
 
     async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
         return self.health

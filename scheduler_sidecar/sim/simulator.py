@@ -187,6 +187,9 @@ class _Run:
     def wake_at(self, time_us: int) -> None:
         self._push(time_us, _WAKEUP, None)
 
+    def scale(self, model: str, instances: int) -> None:
+        pass  # a simulated worker is one replica: a planner that counts replicas places them as workers
+
     def plan(self, planner: Planner, now_us: int, demand: Demand) -> None:
         started = time.perf_counter()
         plan = planner.plan(now_us, demand)

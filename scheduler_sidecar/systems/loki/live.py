@@ -8,7 +8,10 @@ carry), each variant's latency budget and execution time, and the backups of eac
 is the policy of the pipeline's logical model: it sends each free Triton a batch of frames, earliest deadline
 first, with that plan and the time its first frame has left as request parameters.
 
-Not yet live (the simulator has them): replicas as Triton instance counts, and per-instance routing.
+Each variant's replicas become its Triton instance count (a reload with a config override; Triton serves the
+old instances until the new ones are ready); a variant the plan leaves out keeps one instance, so the BLS can
+still reroute to it. Routing is per variant, not per instance: Triton spreads a model's requests over its
+instances itself.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def bls_plan(pipeline: Pipeline, routing: Routing, *, drop: DropMode | str = Dro
 
 class LivePlanner(LokiPlanner):
     """Loki's controller over ``instances`` replica slots: no worker of the engine moves (the BLS's Triton holds
-    every stage model); each plan carries the BLS plan in ``detail.bls``."""
+    every stage model); each plan carries the BLS plan in ``detail.bls`` and the instance counts."""
 
     def __init__(self, pipeline: Pipeline, instances: int, config: LokiConfig = DEFAULT_CONFIG, *,
                  drop: DropMode | str = DropMode.REROUTING, budget: str = "proportional") -> None:
@@ -82,7 +85,10 @@ class LivePlanner(LokiPlanner):
         plan = super().plan(now_us, Demand(demand.since_us, demand.until_us, demand.arrivals))
         detail: LokiPlan = plan.detail
         bls = bls_plan(self.pipeline, detail.routing, drop=self.drop, budget=self.budget, version=self.plans)
-        return Plan(now_us, {}, replace(detail, bls=bls))
+        replicas = {a.variant: a.replicas for a in detail.solution.allocations}
+        # a variant the plan does not use keeps one instance: the BLS may still reroute to it
+        instances = {v.id: replicas.get(v.id, 1) for t in self.pipeline.tasks for v in t.variants}
+        return Plan(now_us, {}, replace(detail, bls=bls), instances)
 
 
 class LokiPipeline(Policy):
