@@ -44,6 +44,7 @@ from python_backend.pipeline import MAX_OBJECTS, crops, decode
 PLAN_FILE = "plan.json"
 MAX_BATCH = 32  # a stage model's largest batch (the profiled sizes end there)
 KIND_TASK = {0: "digits", 1: "shapes"}
+DROP_MODES = ("none", "last-task", "per-task", "rerouting")
 
 
 class TritonPythonModel:
@@ -67,10 +68,11 @@ class TritonPythonModel:
                 plan = options.get("loki_plan", self.default_plan)
                 if isinstance(plan, str):
                     plan = json.loads(plan)
-                if not isinstance(plan, dict) or "tables" not in plan:
+                if plan is None:
                     raise ValueError("no plan: send the parameter loki_plan or deploy plan.json")
+                self._check(plan)
                 frames = pb_utils.get_input_tensor_by_name(request, "FRAME").as_numpy()
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, KeyError) as exc:
                 answers.append(f"{type(exc).__name__}: {exc}")
                 continue
             answers.append([{} for _ in frames])
@@ -81,6 +83,35 @@ class TritonPythonModel:
             answers = [a if isinstance(a, str) else f"a pipeline stage failed: {exc}" for a in answers]
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError(a, pb_utils.TritonError.INVALID_ARG))
                 if isinstance(a, str) else self._response(a) for a in answers]
+
+    def _check(self, plan: object) -> None:
+        """A plan names only this pipeline's stage models, with a budget, an execution time and an accuracy each,
+        and tables of non-negative weights: anything else is refused before a frame runs."""
+        if not isinstance(plan, dict) or not isinstance(plan.get("tables"), dict):
+            raise ValueError("the plan must be an object with 'tables'")
+        if plan.get("drop", "rerouting") not in DROP_MODES:
+            raise ValueError(f"the plan's drop must be one of {DROP_MODES}")
+        tables = plan["tables"]
+        frontend = tables.get("frontend", {}).get("detect")
+        if not isinstance(frontend, list) or not frontend:
+            raise ValueError("the plan has no table from the frontend to 'detect'")
+        detectors, classifiers = set(), set()
+        for source, children in tables.items():
+            for task, table in children.items():
+                if task not in ("detect", *KIND_TASK.values()) or not isinstance(table, list) or not table:
+                    raise ValueError(f"the plan's table {source} -> {task!r} is empty or names no task")
+                for model, weight in table:
+                    if not isinstance(weight, (int, float)) or not weight >= 0:
+                        raise ValueError(f"the plan's weight for {model!r} must be a number >= 0")
+                    (detectors if task == "detect" else classifiers).add(model)
+        classifiers.update(model for backups in plan.get("backups", {}).values() for model, _ in backups)
+        unknown = (detectors | classifiers) - set(self.index)
+        if self.index and unknown:
+            raise ValueError(f"the plan names models that are not this pipeline's: {sorted(unknown)}")
+        for key, models in (("budget_ms", detectors), ("exec_ms", classifiers)):
+            missing = [m for m in models if not isinstance(plan.get(key, {}).get(m), (int, float))]
+            if missing:
+                raise ValueError(f"the plan's {key} has no number for {sorted(missing)}")
 
     def _response(self, frames: list[dict]):
         objects = np.full((len(frames), MAX_OBJECTS, 6), -1, np.int32)
