@@ -36,7 +36,6 @@ class LokiConfig:
     time_limit_s: float = milp.TIME_LIMIT_S
     top_only: bool = False  # InferLine: hardware scaling with the most accurate variants only
     headroom: float = milp.HEADROOM  # capacity planned per query of demand; routing loads a worker to 1/headroom
-    route_within_slo: bool = True  # routing keeps to paths that fit the SLO (:mod:`.routing`); False: Alg. 1 as given
 
     def __post_init__(self) -> None:
         if not self.headroom >= 1:
@@ -127,9 +126,7 @@ class LokiPlanner(Planner):
                              hop_ms=self.config.hop_ms, top_only=self.config.top_only, headroom=self.config.headroom,
                              time_limit_s=self.config.time_limit_s)
         replicas = self._place(solution, workers)
-        depth = max(len(self.pipeline.chain(t.name)) for t in self.pipeline.leaves)
-        budget = self.pipeline.slo_ms / 2 - depth * self.config.hop_ms if self.config.route_within_slo else None
-        routing = most_accurate_first(self.pipeline, replicas, estimate * solution.served, latency_ms=budget,
+        routing = most_accurate_first(self.pipeline, replicas, estimate * solution.served,
                                       utilisation=1 / self.config.headroom)
         with self._lock:
             self._planned_qps = estimate
