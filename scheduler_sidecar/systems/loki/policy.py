@@ -54,6 +54,7 @@ from scheduler_sidecar.systems.loki.planner import LokiPlan
 from scheduler_sidecar.systems.loki.routing import FRONTEND, Replica, Routing
 
 BUDGETS = ("proportional", "paper", "artifact")
+MAX_HOPS = 1 << 20  # hops kept for children still to come; far above what a queue holds
 
 
 class DropMode(str, enum.Enum):
@@ -148,6 +149,8 @@ class Router:
             self.pipeline.variant(variant).batch_ms(1)
         factor = self._factor.get(self.pipeline.task_of(variant).name, 2.0)
         self.hops[query.id] = Hop(worker_id, query.arrival_us, round(factor * batch_ms * 1000))
+        if len(self.hops) > MAX_HOPS:  # a batch that failed is never completed: its hops go oldest first
+            del self.hops[next(iter(self.hops))]
 
     def completed(self, records: Sequence[QueryRecord]) -> None:
         """A batch ended: its queries' hops are kept until the children this batch creates have arrived (they
