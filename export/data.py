@@ -83,19 +83,22 @@ def calibration_images(image_size: int, count: int) -> torch.Tensor:
     return distort(images, torch.Generator().manual_seed(CALIBRATION_DISTORTION_SEED))
 
 
-def distort(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random rotation, scale, shift, an occluding square and pixel noise, one draw per image."""
+def distort(images: torch.Tensor, generator: torch.Generator, *, rotation_deg: float = MAX_ROTATION_DEG,
+            scale_range: tuple[float, float] = SCALE_RANGE, shift_fraction: float = MAX_SHIFT_FRACTION,
+            occlusion_fraction: float = OCCLUSION_FRACTION, noise_std: float = NOISE_STD) -> torch.Tensor:
+    """Random rotation, scale, shift, an occluding square (none at fraction 0) and pixel noise, one draw per image."""
     n, side = images.shape[0], images.shape[-1]
-    angle = (torch.rand(n, generator=generator) * 2 - 1) * math.radians(MAX_ROTATION_DEG)
-    lo, hi = SCALE_RANGE
+    angle = (torch.rand(n, generator=generator) * 2 - 1) * math.radians(rotation_deg)
+    lo, hi = scale_range
     scale = lo + (hi - lo) * torch.rand(n, generator=generator)
-    shift = (torch.rand(n, 2, generator=generator) * 2 - 1) * (2 * MAX_SHIFT_FRACTION)  # grid units span 2
+    shift = (torch.rand(n, 2, generator=generator) * 2 - 1) * (2 * shift_fraction)  # grid units span 2
     cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
     theta = torch.stack([torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1)
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
     out = F.grid_sample(images + 1.0, grid, align_corners=False) - 1.0  # the background stays at -1
-    out = occlude(out, round(OCCLUSION_FRACTION * side), generator)
-    return (out + NOISE_STD * torch.randn(images.shape, generator=generator)).float()
+    if occlusion_fraction > 0:
+        out = occlude(out, round(occlusion_fraction * side), generator)
+    return (out + noise_std * torch.randn(images.shape, generator=generator)).float()
 
 
 def occlude(images: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:

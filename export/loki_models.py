@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
-from export import repository
+from export import repository, small_nets
 from export.profiler import percentile, time_rounds
 from export.scenes import DIGIT, SHAPE, Scenes, generate, heatmap_targets
+from export.small_nets import cnn, to_onnx
 from python_backend.pipeline import components, crops, decode
 from python_backend.runners import MODEL_FILE, make_session
 
@@ -67,67 +66,6 @@ def _detector(channels: tuple[int, int]):
     a, b = channels
     return nn.Sequential(nn.Conv2d(1, a, 3, 2, 1), nn.ReLU(), nn.Conv2d(a, b, 3, 2, 1), nn.ReLU(),
                          nn.Conv2d(b, b, 3, 1, 1), nn.ReLU(), nn.Conv2d(b, 3, 1))
-
-
-def _classifier(channels: tuple[int, int] | None, classes: int):
-    import torch.nn as nn
-
-    if channels is None:
-        return nn.Sequential(nn.Flatten(), nn.Linear(16 * 16, classes))
-    a, b = channels
-    return nn.Sequential(nn.Conv2d(1, a, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(a, b, 3, 1, 1), nn.ReLU(),
-                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(b * 16, classes))
-
-
-def _train(net, x: np.ndarray, y: np.ndarray, epochs: int, weight: list[float] | None = None, seed: int = 0):
-    import torch
-
-    torch.manual_seed(seed)
-    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
-    loss = torch.nn.CrossEntropyLoss(weight=torch.tensor(weight) if weight else None)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    rng = np.random.default_rng(seed)
-    for _ in range(epochs):
-        for batch in np.array_split(rng.permutation(len(x)), max(1, len(x) // 64)):
-            opt.zero_grad()
-            loss(net(xt[batch]), yt[batch]).backward()
-            opt.step()
-    return net.eval()
-
-
-def to_onnx(net, input_dims: tuple[int, ...], output_dims: tuple[int, ...], name: str) -> onnx.ModelProto:
-    """A plain torch Sequential (Conv2d, ReLU, MaxPool2d, Flatten, Linear) as INPUT [N, *dims] -> LOGITS."""
-    import torch.nn as nn
-
-    nodes, inits, x = [], [], "INPUT"
-    layers = list(net)
-    for i, layer in enumerate(layers):
-        out = "LOGITS" if i == len(layers) - 1 else f"x{i}"
-        if isinstance(layer, nn.Conv2d):
-            inits += [numpy_helper.from_array(layer.weight.detach().numpy(), f"w{i}"),
-                      numpy_helper.from_array(layer.bias.detach().numpy(), f"b{i}")]
-            p = layer.padding[0]
-            nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [out], strides=list(layer.stride),
-                                          pads=[p, p, p, p], kernel_shape=list(layer.kernel_size)))
-        elif isinstance(layer, nn.ReLU):
-            nodes.append(helper.make_node("Relu", [x], [out]))
-        elif isinstance(layer, nn.MaxPool2d):
-            nodes.append(helper.make_node("MaxPool", [x], [out], kernel_shape=[2, 2], strides=[2, 2]))
-        elif isinstance(layer, nn.Flatten):
-            nodes.append(helper.make_node("Flatten", [x], [out], axis=1))
-        elif isinstance(layer, nn.Linear):
-            inits += [numpy_helper.from_array(layer.weight.detach().numpy(), f"w{i}"),
-                      numpy_helper.from_array(layer.bias.detach().numpy(), f"b{i}")]
-            nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [out], transB=1))
-        else:
-            raise TypeError(f"cannot write {type(layer).__name__}")
-        x = out
-    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["N", *input_dims])],
-                              [helper.make_tensor_value_info("LOGITS", TensorProto.FLOAT, ["N", *output_dims])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8  # what the onnxruntime in Triton's python backend reads
-    onnx.checker.check_model(model)
-    return model
 
 
 # ---------------------------------------------------------------------- data
@@ -177,7 +115,7 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
             model_dir = repository.write_model(repo, model, None, [1, 64, 64], [3, 16, 16], {"runner": "components"})
             heat = components(heldout.frames)
         else:
-            net = _train(_detector(channels), train.frames, heatmap_targets(train), recipe.detector_epochs,
+            net = small_nets.train(_detector(channels), train.frames, heatmap_targets(train), recipe.detector_epochs,
                          weight=[0.05, 1.0, 1.0])
             model_dir = repository.write_model(repo, model, to_onnx(net, (1, 64, 64), (3, 16, 16), model), [1, 64, 64],
                                                [3, 16, 16], {"runner": "static", "intra_op_threads": "1"})
@@ -189,7 +127,7 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
         xh, yh = _object_crops(heldout, kind, seed=4, jitter=0)
         for name, channels in variants.items():
             model = f"loki_{task}_{name}"
-            net = _train(_classifier(channels, classes), x, y, recipe.classifier_epochs)
+            net = small_nets.train(cnn(channels, classes), x, y, recipe.classifier_epochs)
             model_dir = repository.write_model(repo, model, to_onnx(net, (1, 16, 16), (classes,), model), [1, 16, 16], [classes],
                                                {"runner": "static", "intra_op_threads": "1"})
             session = make_session(model_dir / "1" / MODEL_FILE, 1)
