@@ -1,0 +1,50 @@
+"""HybridServe's run-time routing rule (§IV), shared by the cascade BLS model and the offline evaluator, so that the
+two cannot disagree.
+
+A cascade is an ordered list of models, small to large. At model ``i`` a sample's confidence is
+``max(softmax(z / T_i)) ** CONFIDENCE_POWER``; at or above the threshold ``t_i`` the model answers (ties answer:
+§IV-B forwards "scores below a threshold"), the last model always answers, and below it the sample goes on.
+
+Where it goes on (§IV-C, skip connections). Decision: the paper's text, not Alg. 2's line 5 (LogUniform skip
+thresholds, which is undefined at 0 and random): the interval [0, t_i) is split uniformly into as many bins as
+model ``i`` has successors; the top bin (just below t_i) goes to the next model and the bottom one to the
+largest, as Fig. 3's c = 0.7 -> successor, c = 0.2 -> largest. Without skips every sample goes to ``i + 1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# §IV-A prints f(P) = max(P^2); on probabilities squaring is monotone, so it only reparametrises the thresholds
+CONFIDENCE_POWER = 2.0
+ANSWER = -1  # what route() returns for a sample the model answers
+# why a model answered (the cascade BLS model's REASON output)
+CONFIDENT, LAST, EARLY = 0, 1, 2  # at or above its threshold; the last model; no time left for the next
+
+
+def confidence(logits: np.ndarray, temperature: float, power: float = CONFIDENCE_POWER) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, confidences) of ``logits`` [N, classes] at ``temperature`` (temperature scaling keeps the argmax)."""
+    z = logits.astype(np.float64) / temperature
+    z -= z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    return logits.argmax(axis=1), p.max(axis=1) ** power
+
+
+def route(i: int, conf: np.ndarray, thresholds: np.ndarray, last: int, skip: bool) -> np.ndarray:
+    """Where the samples at model ``i`` with confidences ``conf`` go: ANSWER, or the index of the next model.
+
+    ``thresholds`` is model ``i``'s threshold, one per sample or one for all (a scalar array); ``last`` is the last
+    model's index.
+    """
+    t = np.broadcast_to(np.asarray(thresholds, dtype=np.float64), conf.shape)
+    if i == last:
+        return np.full(conf.shape, ANSWER)
+    successors = last - i
+    if skip and successors > 1:
+        width = np.where(t > 0, t / successors, 1.0)
+        bin_ = np.clip(np.floor(conf / width), 0, successors - 1).astype(int)  # 0: just above 0, top: below t_i
+        onward = last - bin_
+    else:
+        onward = np.full(conf.shape, i + 1)
+    return np.where(conf >= t, ANSWER, onward)
