@@ -53,3 +53,12 @@ def triton(fast_build: FastBuild):
 
     with TritonServer(repository=fast_build.repository) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def hybridserve_family():
+    """HybridServe's family with its full recipe, trained and profiled once (cached in build/hybridserve)."""
+    from export.cascade_models import build
+    from scheduler_sidecar.systems.hybridserve.family import Family
+
+    return Family.load(build(REPO_ROOT / DEFAULT_BUILD_DIR / "hybridserve"))

@@ -1,0 +1,73 @@
+"""A model family built and measured here (:mod:`export.cascade_models`), as the cascade code reads it: its
+models small to large, their temperatures, latency and cost per request, and their cached predictions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.systems.hybridserve.cascade import Predictions
+
+DEVICE = "cpu"
+
+
+@dataclass(frozen=True)
+class FamilyModel:
+    name: str
+    temperature: float
+    cost_s: float  # worker-seconds per request at a full batch (e_i)
+    latency: LatencyCurve
+    accuracy: dict  # split -> {"all": ..., per difficulty}
+
+
+@dataclass(frozen=True)
+class Family:
+    models: tuple[FamilyModel, ...]  # small to large
+    folder: Path
+
+    @classmethod
+    def load(cls, stamp: Path) -> Family:
+        """The family whose ``cascade.json`` is ``stamp``."""
+        raw = json.loads(Path(stamp).read_text())
+        models = tuple(FamilyModel(name, m["temperature"], m["cost_s"],
+                                   LatencyCurve(tuple(m["latency"]["batch_sizes"]), tuple(m["latency"]["p50_ms"]),
+                                                tuple(m["latency"]["p99_ms"])), m["accuracy"])
+                       for name, m in raw["models"].items())
+        return cls(models, Path(stamp).parent)
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.models]
+
+    @property
+    def costs(self) -> np.ndarray:
+        return np.array([m.cost_s for m in self.models])
+
+    def _arrays(self):
+        return np.load(self.folder / "predictions.npz")
+
+    def predictions(self, split: str) -> Predictions:
+        """Every model's calibrated predictions on ``split`` (calibration, search or test)."""
+        z = self._arrays()
+        return Predictions.from_logits([z[f"{split}_logits_{n}"] for n in self.names],
+                                       [m.temperature for m in self.models], z[f"{split}_labels"])
+
+    def images(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """(images [N, 1, 16, 16], labels) of the search or test split."""
+        z = self._arrays()
+        return z[f"{split}_images"], z[f"{split}_labels"]
+
+    def difficulty(self, split: str) -> np.ndarray:
+        return self._arrays()[f"{split}_difficulty"]
+
+    def profile(self, name: str, slowdown: float = 1.0) -> Profile:
+        """The engine's profile of one model (a query type of its own in a cascade), its latency times
+        ``slowdown`` (an emulated slower device, as the live demo runs it)."""
+        m = next(m for m in self.models if m.name == name)
+        return Profile(name, "export.cascade_models, measured here with onnxruntime (one thread)",
+                       (Variant(name, m.accuracy["test"]["all"], Actuation("model", name),
+                                {DEVICE: m.latency.scaled(slowdown)}),))
