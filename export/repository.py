@@ -122,3 +122,24 @@ parameters {{ key: "scripted_delays" value {{ string_value: "{int(scripted_delay
 parameters {{ key: "models" value {{ string_value: {json.dumps(json.dumps(models))} }} }}
 """
     return _write_model(repository, name, None, config, {"plan.json": json.dumps(plan)}, module="loki_bls")
+
+
+def write_cascade(repository: Path, name: str, plan: dict, models: list[str], *, side: int = 16,
+                  max_batch_size: int = 64, instances: int = 1) -> Path:
+    """HybridServe's cascade BLS model (:mod:`python_backend.cascade_bls`): INPUT [1, side, side] -> LABEL, MODEL,
+    CONFIDENCE, REASON, with ``plan`` as its default plan and ``models`` the family its MODEL output indexes."""
+    config = f"""name: "{name}"
+backend: "python"
+max_batch_size: {max_batch_size}
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 1, {side}, {side} ] }} ]
+output [
+  {{ name: "LABEL" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "MODEL" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "CONFIDENCE" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "REASON" data_type: TYPE_INT32 dims: [ 1 ] }}
+]
+dynamic_batching {{ max_queue_delay_microseconds: 0 }}
+instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+parameters {{ key: "models" value {{ string_value: {json.dumps(json.dumps(models))} }} }}
+"""
+    return _write_model(repository, name, None, config, {"plan.json": json.dumps(plan)}, module="cascade_bls")

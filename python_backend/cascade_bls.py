@@ -1,0 +1,145 @@
+"""HybridServe's cascade as one Triton BLS model: a batch runs on the first model, and only the samples below its
+confidence threshold go on to the next (re-batched with whatever else reached that model), and so on.
+
+Input ``INPUT`` [1, 16, 16]. Outputs per sample: ``LABEL`` INT32 [1]; ``MODEL`` INT32 [1], the answering model's
+index in the config parameter ``models`` (a JSON list); ``CONFIDENCE`` FP32 [1], its calibrated confidence;
+``REASON`` INT32 [1]: 0 confident (at or above the threshold), 1 the last model, 2 answered early because the
+time left (request parameter ``budget_ms``) could not pay for the next model (an extension: the paper has no SLO).
+
+The plan comes with each request as the parameter ``cascade_plan`` (a JSON object) or, without one, from
+``plan.json`` beside this file (written by the deployment)::
+
+    {"models": ["cascade_xs", "cascade_m", "cascade_l"],    # small to large, this cascade's models
+     "thresholds": [0.89, 0.78],                            # one per model but the last
+     "temperatures": {"cascade_xs": 0.99, ...},
+     "skip": false,                                         # skip connections (python_backend.cascade)
+     "exec_ms": {"cascade_m": 0.5, ...}}                    # batch-1 time of each model, for budget_ms
+
+Routing is :func:`python_backend.cascade.route`, the function the offline evaluation uses, so the two agree.
+A request whose plan is malformed gets its own error; the other requests of the batch are served.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from python_backend.cascade import ANSWER, CONFIDENT, EARLY, LAST, confidence, route
+
+PLAN_FILE = "plan.json"
+MAX_BATCH = 32  # a model's largest profiled batch
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.models = json.loads(params.get("models", "[]"))
+        self.index = {m: i for i, m in enumerate(self.models)}
+        plan_file = Path(args["model_repository"]) / args["model_version"] / PLAN_FILE
+        self.default_plan = self._check(json.loads(plan_file.read_text())) if plan_file.exists() else None
+
+    def execute(self, requests: list) -> list:
+        start = time.perf_counter()
+        errors: dict[int, str] = {}
+        groups: dict[str, list] = {}  # plan (as JSON) -> [(request, row offset, inputs, budget)]
+        for i, request in enumerate(requests):
+            try:
+                options = json.loads(request.parameters() or "{}")
+                plan = options.get("cascade_plan", self.default_plan)
+                if plan is None:
+                    raise ValueError("no plan: send the parameter cascade_plan or deploy plan.json")
+                plan = self._check(json.loads(plan) if isinstance(plan, str) else plan)
+                budget = float(options.get("budget_ms", math.inf))
+                if math.isnan(budget):
+                    raise ValueError("budget_ms must be a number")
+                x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            except (ValueError, TypeError, KeyError) as exc:
+                errors[i] = f"{type(exc).__name__}: {exc}"
+                continue
+            groups.setdefault(json.dumps(plan, sort_keys=True), []).append((i, x, budget))
+        answers: dict[int, tuple] = {}
+        for key, members in groups.items():
+            try:
+                self._run(json.loads(key), members, answers, start)
+            except pb_utils.TritonModelException as exc:  # a model failed: its group's requests are told
+                errors.update((i, f"a cascade model failed: {exc}") for i, _, _ in members)
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[i], pb_utils.TritonError.INVALID_ARG))
+                if i in errors else pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor(name, array) for name, array in zip(("LABEL", "MODEL", "CONFIDENCE", "REASON"),
+                                                                         answers[i])])
+                for i in range(len(requests))]
+
+    def _check(self, plan: object) -> dict:
+        """A plan names only this cascade's models, with a threshold in [0, 1] between each pair, a positive
+        temperature each and, where given, a non-negative execution time: anything else is refused."""
+        if not isinstance(plan, dict):
+            raise ValueError("the plan must be a JSON object")
+        models, thresholds = plan.get("models"), plan.get("thresholds")
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+            raise ValueError("the plan's models must be a non-empty list of model names")
+        unknown = sorted(set(models) - set(self.index))
+        if unknown or len(set(models)) != len(models):
+            raise ValueError(f"the plan's models must be distinct models of this cascade {self.models}, "
+                             f"got {models}")
+        if not isinstance(thresholds, list) or len(thresholds) != len(models) - 1 or not all(
+                _number(t) and 0 <= t <= 1 for t in thresholds):
+            raise ValueError(f"the plan needs {len(models) - 1} thresholds in [0, 1]")
+        temperatures = plan.get("temperatures", {})
+        if not isinstance(temperatures, dict) or not all(_number(temperatures.get(m)) and temperatures[m] > 0
+                                                         for m in models):
+            raise ValueError("the plan needs a positive temperature for each of its models")
+        exec_ms = plan.get("exec_ms", {})
+        if not isinstance(exec_ms, dict) or not all(_number(v) and v >= 0 for v in exec_ms.values()):
+            raise ValueError("the plan's exec_ms must map models to times >= 0")
+        if not isinstance(plan.get("skip", False), bool):
+            raise ValueError("the plan's skip must be true or false")
+        return plan
+
+    def _run(self, plan: dict, members: list, answers: dict, start: float) -> None:
+        models, last = plan["models"], len(plan["models"]) - 1
+        x = np.concatenate([m[1] for m in members]).astype(np.float32)
+        budget = np.concatenate([np.full(len(m[1]), m[2]) for m in members])
+        at = np.zeros(len(x), dtype=int)
+        label, model, conf = np.zeros(len(x), np.int32), np.zeros(len(x), np.int32), np.zeros(len(x), np.float32)
+        reason = np.zeros(len(x), np.int32)
+        for i, name in enumerate(models):
+            rows = np.flatnonzero(at == i)
+            if not len(rows):
+                continue
+            labels, c = confidence(self._infer(name, x[rows]), plan["temperatures"][name])
+            onward = route(i, c, np.asarray(plan["thresholds"][i] if i < last else 0.0), last, plan["skip"])
+            elapsed_ms = (time.perf_counter() - start) * 1000
+            nxt_ms = np.array([plan.get("exec_ms", {}).get(models[j], 0.0) if j != ANSWER else 0.0 for j in onward])
+            early = (onward != ANSWER) & (elapsed_ms + nxt_ms > budget[rows])
+            done = (onward == ANSWER) | early
+            label[rows[done]], model[rows[done]], conf[rows[done]] = labels[done], self.index[name], c[done]
+            reason[rows[done]] = np.where(early[done], EARLY, CONFIDENT if i < last else LAST)
+            at[rows] = np.where(done, -1, onward)
+        offset = 0
+        for i, inputs, _ in members:
+            part = slice(offset, offset + len(inputs))
+            answers[i] = tuple(a[part, None] for a in (label, model, conf, reason))
+            offset += len(inputs)
+
+    @staticmethod
+    def _infer(model: str, x: np.ndarray) -> np.ndarray:
+        """``model``'s LOGITS for ``x``, in batches of at most MAX_BATCH."""
+        out = []
+        for chunk in np.array_split(x, -(-len(x) // MAX_BATCH)):
+            request = pb_utils.InferenceRequest(model_name=model, requested_output_names=["LOGITS"],
+                                                inputs=[pb_utils.Tensor("INPUT", chunk)])
+            response = request.exec()
+            if response.has_error():
+                raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
+            out.append(pb_utils.get_output_tensor_by_name(response, "LOGITS").as_numpy())
+        return np.concatenate(out)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
