@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from scheduler_sidecar.systems.hybridserve import reproduce as hybridserve
 from scheduler_sidecar.systems.loki import reproduce as loki
 from scheduler_sidecar.systems.proteus import reproduce as proteus
 from scheduler_sidecar.systems.ramsis import reproduce as ramsis
@@ -19,3 +20,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ramsis.register(papers)
     proteus.register(papers)
     loki.register(papers)
+    hybridserve.register(papers)

@@ -1,0 +1,61 @@
+"""HybridServe's offline planner over a family built here: the cascades of its operating points (AP, EO and the
+largest model alone), the replicas of each model within an instance budget (:func:`.placement.replicas`), and the
+cost and energy of a request.
+
+Cost is measured worker-seconds per request (e_i, :mod:`export.cascade_models`). Energy (§VI-C measures GPU
+energy with NVML): this machine has no GPU, so energy is worker-seconds times ``CPU_WATTS_PER_BUSY_CORE``, a
+documented power model: a server CPU's package power over its cores at full load, about 10 W per busy core (e.g.
+a 150 W, 16-core part); idle power, which the paper's metric includes, is left out, so the ratios between modes are
+those of compute, not the paper's system-level Table V.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Outcome, evaluate
+from scheduler_sidecar.systems.hybridserve.family import Family
+from scheduler_sidecar.systems.hybridserve.placement import replicas
+from scheduler_sidecar.systems.hybridserve.search import DEFAULT_SEARCH, SearchConfig, SearchResult, search
+
+CPU_WATTS_PER_BUSY_CORE = 10.0
+MODES = ("ap", "eo", "largest")
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    mode: str
+    cascade: Cascade
+    validation: Outcome  # on the search split, with the family's indices of the cascade's models
+    test: Outcome
+
+    def replicas(self, family: Family, budget: int) -> tuple[int, ...]:
+        """Instances per model of the cascade: R_i ∝ ρ_i l_i (§V-C) with l_i its cost per request."""
+        costs = family.costs[[family.names.index(m) for m in self.cascade.models]]
+        return replicas(self.validation.reach, costs, budget)
+
+
+def operating_points(family: Family, *, skip: bool = False, config: SearchConfig = DEFAULT_SEARCH,
+                     result: SearchResult | None = None) -> dict[str, OperatingPoint]:
+    """AP and EO from Algorithm 1 on the search split (``result``, if already run), and the largest model alone."""
+    search_split, test_split = family.predictions("search"), family.predictions("test")
+    result = result or search(search_split, family.costs, skip=skip, config=config)
+    points = {}
+    for mode, point in (("ap", result.ap), ("eo", result.eo)):
+        cascade = Cascade(tuple(family.names), point.thresholds, skip)
+        points[mode] = OperatingPoint(mode, cascade, point,
+                                      evaluate(test_split, np.array([point.thresholds]), family.costs, skip)[0])
+    last = [len(family.models) - 1]
+    largest = Cascade((family.names[-1],), ())
+    empty = np.zeros((1, 0))
+    points["largest"] = OperatingPoint("largest", largest,
+                                       *(evaluate(s.subset(last), empty, family.costs[last])[0]
+                                         for s in (search_split, test_split)))
+    return points
+
+
+def energy_j(worker_s: float) -> float:
+    """Joules of ``worker_s`` busy worker-seconds under the CPU power model."""
+    return worker_s * CPU_WATTS_PER_BUSY_CORE

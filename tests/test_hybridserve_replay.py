@@ -1,0 +1,78 @@
+"""HybridServe in the simulator: escalations as follow-up queries on the next model's workers, replicas R ∝ ρl
+against the same instances spread uniformly, the SLO extension, and ``accscale reproduce hybridserve --json``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from loadtest.traces import gamma
+from scheduler_sidecar.systems.hybridserve.planner import operating_points
+from scheduler_sidecar.systems.hybridserve.simulation import simulate
+
+pytestmark = pytest.mark.slow
+SLOWDOWN = 100.0
+
+
+@pytest.fixture(scope="module")
+def points(hybridserve_family):
+    return operating_points(hybridserve_family)
+
+
+def _run(family, point, replicas, rate_qps, slo_ms=150.0, **options):
+    arrival_us = np.round(gamma(rate_qps, 4.0, 5.0, seed=3).arrival_s * 1e6).astype(np.int64)
+    index = [family.names.index(m) for m in point.cascade.models]
+    return simulate(family, point.cascade, replicas, family.predictions("test").subset(index), arrival_us, slo_ms,
+                    slowdown=SLOWDOWN, **options)
+
+
+def test_the_simulated_cascade_answers_as_the_offline_one_under_light_load(hybridserve_family, points):
+    ap = points["ap"]
+    run = _run(hybridserve_family, ap, ap.replicas(hybridserve_family, 8), 200.0)
+    assert run.violation_ratio == 0.0 and run.answered_early == 0.0
+    # requests draw test samples at random: the shares and accuracy are the test split's, up to sampling
+    np.testing.assert_allclose(run.reach, ap.test.reach, atol=0.04)
+    assert abs(run.accuracy - ap.test.accuracy) < 0.03
+    assert abs(sum(run.answered) - 1.0) < 1e-9
+
+
+def test_replicas_in_proportion_to_work_keep_queues_short_where_uniform_ones_do_not(hybridserve_family, points):
+    family, ap = hybridserve_family, points["ap"]
+    planned = ap.replicas(family, 8)
+    assert sum(planned) <= 8 and planned[-1] == max(planned)  # the largest model does the most work
+    run = _run(family, ap, planned, 5000.0)
+    uniform = _run(family, ap, (2, 2, 2, 2), 5000.0)
+    assert run.violation_ratio < 0.01
+    assert uniform.violation_ratio > 0.03
+    # uniform replicas leave the largest model the bottleneck: requests queue there, far longer than anywhere
+    # with the planned replicas
+    assert int(np.argmax(uniform.mean_wait_ms)) == len(planned) - 1
+    assert max(uniform.mean_wait_ms) > 5 * max(run.mean_wait_ms)
+
+
+def test_a_tight_slo_answers_early_instead_of_missing_it(hybridserve_family, points):
+    family, ap = hybridserve_family, points["ap"]
+    replicas = ap.replicas(family, 8)
+    aware = _run(family, ap, replicas, 500.0, slo_ms=4.0)
+    blind = _run(family, ap, replicas, 500.0, slo_ms=4.0, slo_aware=False)
+    assert aware.answered_early > 0.05
+    assert aware.violation_ratio < blind.violation_ratio
+
+
+def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
+    from scheduler_sidecar.cli import main
+
+    build_dir = hybridserve_family.folder.parent
+    assert main(["reproduce", "hybridserve", "--json", "--seconds", "2", "--build-dir", str(build_dir),
+                 "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out) == {"ap", "eo", "largest"}
+    assert out["eo"]["cost_per_request"] < out["ap"]["cost_per_request"] < out["largest"]["cost_per_request"]
+    assert list(out["largest"]["share_per_model"]) == [hybridserve_family.names[-1]]
+    assert out["ap"]["share_per_model"][hybridserve_family.names[0]] == 1.0
+    for name in ("family", "modes", "pruning", "replay", "prototype"):
+        assert (tmp_path / f"{name}.csv").exists()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Table III" in summary and "vit-4" in summary
