@@ -56,7 +56,7 @@ class Recipe:
     repeats: int = 30  # timed rounds per batch size
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps({**asdict(self), "family": FAMILY, "mix": MIX, "version": 1},
+        return hashlib.sha256(json.dumps({**asdict(self), "family": FAMILY, "mix": MIX, "version": 2},
                                          sort_keys=True).encode()).hexdigest()
 
 
@@ -112,7 +112,8 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
                                augment=lambda x, r: mixed(x, r)[0])
         model_dir = repository.write_model(folder / "repository", name,
                                            small_nets.to_onnx(net, (1, SIDE, SIDE), (CLASSES,), name), [1, SIDE, SIDE],
-                                           CLASSES, {"runner": "static", "intra_op_threads": "1"})
+                                           CLASSES, {"runner": "static", "intra_op_threads": "1"},
+                                           max_batch_size=BATCH_SIZES[-1])
         session = make_session(model_dir / "1" / MODEL_FILE, 1)
         logits = {s: session.run(["LOGITS"], {"INPUT": e["images"]})[0] for s, e in evals.items()}
         arrays.update({f"{s}_logits_{name}": z for s, z in logits.items()})
@@ -129,6 +130,7 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
                  100 * models[name]["accuracy"]["test"]["all"], temperature, 1e6 * models[name]["cost_s"])
     np.savez_compressed(folder / "predictions.npz", **arrays)
     stamp.write_text(json.dumps({"recipe_key": recipe.key(), "recipe": asdict(recipe), "models": models,
+                                 "cost_batch": COST_BATCH,
                                  "difficulties": list(DIFFICULTIES), "mix": list(MIX),
                                  "split_sizes": {s: int(len(e["labels"])) for s, e in evals.items()}}, indent=1))
     return stamp

@@ -1,6 +1,6 @@
 """``accscale demo``: the whole system on the default supernet, one bursty trace, three policies
-(``accscale demo proteus`` and ``accscale demo loki``: those systems' live demos, :mod:`.proteus_demo`,
-:mod:`.loki_demo`).
+(``accscale demo proteus``, ``accscale demo loki`` and ``accscale demo hybridserve``: those systems' live demos,
+:mod:`.proteus_demo`, :mod:`.loki_demo`, :mod:`.hybridserve_demo`).
 
 Builds (or reuses) the full-preset supernet and its profile, starts Triton and the sidecar
 on free loopback ports, replays one bursty trace with Locust for SlackFit and for two
@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from export.commands import add_build_options
-from scheduler_sidecar.experiments import loki_demo, proteus_demo
+from scheduler_sidecar.experiments import hybridserve_demo, loki_demo, proteus_demo
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                "SuperServe's, above)")
     proteus_demo.register(systems)
     loki_demo.register(systems)
+    hybridserve_demo.register(systems)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ class FamilyModel:
 class Family:
     models: tuple[FamilyModel, ...]  # small to large
     folder: Path
+    cost_batch: int  # the batch size a model's cost per request is measured at
 
     @classmethod
     def load(cls, stamp: Path) -> Family:
@@ -37,7 +38,7 @@ class Family:
                                    LatencyCurve(tuple(m["latency"]["batch_sizes"]), tuple(m["latency"]["p50_ms"]),
                                                 tuple(m["latency"]["p99_ms"])), m["accuracy"])
                        for name, m in raw["models"].items())
-        return cls(models, Path(stamp).parent)
+        return cls(models, Path(stamp).parent, raw["cost_batch"])
 
     @property
     def names(self) -> list[str]:

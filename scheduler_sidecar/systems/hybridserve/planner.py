@@ -31,10 +31,22 @@ class OperatingPoint:
     validation: Outcome  # on the search split, with the family's indices of the cascade's models
     test: Outcome
 
-    def replicas(self, family: Family, budget: int) -> tuple[int, ...]:
-        """Instances per model of the cascade: R_i ∝ ρ_i l_i (§V-C) with l_i its cost per request."""
-        costs = family.costs[[family.names.index(m) for m in self.cascade.models]]
-        return replicas(self.validation.reach, costs, budget)
+    def service_s(self, family: Family, batch: int | None = None) -> np.ndarray:
+        """Each model's time per request it runs when the cascade takes batches of ``batch``: model i runs
+        ⌈ρ_i batch⌉ rows of each (§V-C, "each model processed ρ_i b"), at its profiled latency for that many."""
+        batch = batch or family.cost_batch
+        rows = [max(1, int(np.ceil(rho * batch - 1e-9))) for rho in self.validation.reach]
+        curves = [family.models[family.names.index(m)].latency for m in self.cascade.models]
+        return np.array([c.p50_at(k) / 1000 / k for c, k in zip(curves, rows)])
+
+    def batched_cost(self, family: Family, batch: int | None = None) -> float:
+        """Worker-seconds per request at batches of ``batch`` (default: the family's cost batch): Σ ρ_i l_i with l_i
+        from :meth:`service_s`; with full batches everywhere it would be Algorithm 1's Σ ρ_i e_i."""
+        return float(np.dot(self.validation.reach, self.service_s(family, batch)))
+
+    def replicas(self, family: Family, budget: int, batch: int | None = None) -> tuple[int, ...]:
+        """Instances per model of the cascade: R_i ∝ ρ_i l_i (§V-C), l_i from :meth:`service_s`."""
+        return replicas(self.validation.reach, self.service_s(family, batch), budget)
 
 
 def operating_points(family: Family, *, skip: bool = False, config: SearchConfig = DEFAULT_SEARCH,

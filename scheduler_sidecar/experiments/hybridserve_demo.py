@@ -1,0 +1,239 @@
+"""``accscale demo hybridserve``: HybridServe's cascade live, against the largest model alone on the same instances.
+
+Builds (or reuses) the family trained here (:mod:`export.cascade_models`, four CNNs, each its own Triton model)
+and the cascade's BLS model, and starts one Triton server whose models run ``--slowdown`` times slower than this
+machine (each batch sleeps to its profiled latency times that: an emulated slower device, so a model's cost is
+well above the BLS hop's). Then, for the largest model alone, AP and EO in turn:
+
+1. instances: the planner's replicas R ∝ ρl within ``--instances`` (the largest alone gets them all), set as
+   Triton instance counts (a reload with a config override);
+2. saturation: ``--clients`` closed-loop clients send batches of 32 test images straight to Triton (the BLS, or
+   the largest model alone) for ``--saturate-s``; throughput, and worker-seconds per request from Triton's
+   statistics (the models' busy time, their emulated sleep included, over the requests answered). Two cost models
+   predict the throughput ratio against the largest alone: Algorithm 1's e_n / Σρe (every model at full batches)
+   and the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32 (§V-C; :meth:`OperatingPoint.batched_cost`);
+3. replay: the sidecar in front (the cascade a logical model with an SLO, policy ``cascade``, the mode's plan
+   file), a bursty trace of single images (gamma, CV² 4) at ``--rate-qps`` for ``--duration-s`` with
+   ``tritonclient``: met, late, refused, accuracy, the share each model answered, and answers given early because
+   the SLO left no time for the next model.
+
+Written to --out: ``modes.csv``, ``replay.csv`` and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from export.presets import DEFAULT_BUILD_DIR
+
+MODEL = "digits-cascade"  # the logical model clients call
+BLS = "cascade"
+BLS_INSTANCES = 48  # cascade batches in flight at once: three times the model instances, so that few idle
+ROWS = 32  # images per saturation request
+
+
+def register(demos: argparse._SubParsersAction) -> None:
+    p = demos.add_parser("hybridserve", help="HybridServe's cascade live behind the sidecar",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--instances", type=int, default=16, help="model instances per mode (default: 16)")
+    p.add_argument("--slowdown", type=float, default=1000.0,
+                   help="models run this many times slower than measured here (default: 1000)")
+    p.add_argument("--clients", type=int, default=96, help="closed-loop clients when saturating (default: 96)")
+    p.add_argument("--saturate-s", type=float, default=10.0, help="seconds of saturation per mode (default: 10)")
+    p.add_argument("--rate-qps", type=float, default=900.0,
+                   help="the replay's mean rate (default: 900, above the largest model's capacity alone)")
+    p.add_argument("--duration-s", type=float, default=20.0, help="the replay's length per mode (default: 20)")
+    p.add_argument("--slo-ms", type=float, default=2000.0, help="every request's SLO in the replay (default: 2000)")
+    p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
+    p.add_argument("--out", type=Path, help="where the results go (default: runs/hybridserve-demo-<time>)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from export import repository
+    from export.cascade_models import build
+    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
+    from scheduler_sidecar.systems.hybridserve.family import Family
+    from scheduler_sidecar.systems.hybridserve.planner import MODES, operating_points
+
+    out = args.out or Path("runs") / time.strftime("hybridserve-demo-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    family = Family.load(build(args.build_dir / "hybridserve"))
+    points = operating_points(family)
+    temperatures = {m.name: m.temperature for m in family.models}
+    exec_ms = {m.name: m.latency.p50_ms[0] * args.slowdown for m in family.models}
+    repo = family.folder / "repository"
+    repository.write_cascade(repo, BLS, points["ap"].cascade.plan(temperatures, exec_ms), family.names,
+                             max_batch_size=ROWS, instances=BLS_INSTANCES)
+    images, labels = family.images("test")
+    modes, replays = [], []
+    with TritonServer(repository=repo, models=[*family.names, BLS], emulate_slowdown=args.slowdown) as triton:
+        for mode in MODES:
+            point = points[mode]
+            replicas = point.replicas(family, args.instances, ROWS)
+            _set_instances(triton.grpc_url, family.names, dict(zip(point.cascade.models, replicas)))
+            plan_file = out / f"plan-{mode}.json"
+            plan_file.write_text(json.dumps(point.cascade.plan(temperatures, exec_ms)))
+            print(f"{mode}: instances {dict(zip(point.cascade.models, replicas))}")
+            target = family.names[-1] if mode == "largest" else BLS
+            params = {} if mode == "largest" else {"cascade_plan": plan_file.read_text()}
+            measured = asyncio.run(_saturate(triton.grpc_url, target, point.cascade.models, images, params, args))
+            modes.append({"mode": mode, "instances": " ".join(map(str, replicas)),
+                          "alg1_cost_us": round(1e6 * point.validation.cost, 3),
+                          "batched_cost_us": round(1e6 * point.batched_cost(family, ROWS), 3), **measured})
+            profile = _profile(out, family, point, args.slowdown)
+            config = out / f"sidecar-{mode}.toml"
+            config.write_text(f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
+                              f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n'
+                              f'policy_options = {{ plan = "{plan_file.absolute()}" }}\n')
+            with contextlib.ExitStack() as stack:
+                sidecar = stack.enter_context(SidecarServer(workers=[triton.grpc_url], config=config))
+                replays.append({"mode": mode, **asyncio.run(_replay(sidecar.grpc_url, point.cascade.models,
+                                                                    family.names, images, labels, args))})
+    _write(out, modes, replays, family, points, args)
+    return 0
+
+
+def _set_instances(url: str, models: list[str], instances: dict[str, int]) -> None:
+    """Each model's instance count (1 for those the mode leaves out), by a reload with a config override."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    for model in models:
+        config = client.get_model_config(model, as_json=True)["config"]
+        config["instance_group"] = [{"count": instances.get(model, 1), "kind": "KIND_CPU"}]
+        client.load_model(model, config=json.dumps(config))
+
+
+def _busy_s(client, models: tuple[str, ...]) -> float:
+    """The models' busy seconds so far, from Triton's statistics: input, infer and output time per batch executed
+    (a request's own statistics would count a batch once per request merged into it)."""
+    busy = 0
+    for s in client.get_inference_statistics(as_json=True)["model_stats"]:
+        if s["name"] in models:
+            for b in s.get("batch_stats", []):
+                busy += sum(int(b.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
+    return busy / 1e9
+
+
+async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.ndarray, params: dict,
+                    args) -> dict:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc.aio as aioclient
+
+    sync = grpcclient.InferenceServerClient(url)
+    output = "LOGITS" if target in models and len(models) == 1 else "LABEL"
+    answered = 0
+    async with aioclient.InferenceServerClient(url) as client:
+        async def loop(k: int, until: float) -> None:
+            nonlocal answered
+            i = k * ROWS
+            while time.monotonic() < until:
+                x = images[np.arange(i, i + ROWS) % len(images)]
+                tensor = aioclient.InferInput("INPUT", list(x.shape), "FP32")
+                tensor.set_data_from_numpy(x)
+                await client.infer(target, [tensor], outputs=[aioclient.InferRequestedOutput(output)],
+                                   parameters=params)
+                answered += ROWS
+                i += ROWS * args.clients
+
+        await asyncio.gather(*(loop(k, time.monotonic() + 2.0) for k in range(args.clients)))  # warm-up
+        answered, busy, start = 0, _busy_s(sync, models), time.monotonic()
+        await asyncio.gather(*(loop(k, start + args.saturate_s) for k in range(args.clients)))
+        elapsed = time.monotonic() - start
+    worker_s = _busy_s(sync, models) - busy
+    return {"throughput_rps": round(answered / elapsed, 1), "worker_ms_per_request": round(1000 * worker_s / answered, 4)}
+
+
+def _profile(out: Path, family, point, slowdown: float) -> Path:
+    """The cascade as one variant, for the sidecar's admission and queue: at batch b, the sum over its models of
+    their latency at their share of the batch (escalations run one after another)."""
+    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+
+    index = [family.names.index(m) for m in point.cascade.models]
+    curves = [family.models[i].latency for i in index]
+    sizes = curves[0].batch_sizes
+    ms = tuple(slowdown * sum(c.p50_at(max(1, int(np.ceil(rho * b)))) for c, rho in zip(curves, point.test.reach))
+               for b in sizes)
+    path = out / f"profile-{point.mode}.json"
+    actuation = (Actuation("pipeline", BLS, path=point.cascade.models) if len(index) > 1
+                 else Actuation("model", point.cascade.models[0]))
+    Profile(f"cascade-{point.mode}", f"{family.folder} x{slowdown:g}",
+            (Variant("cascade", point.test.accuracy, actuation, {"cpu": LatencyCurve(sizes, ms, ms)}),)).save(path)
+    return path
+
+
+async def _replay(url: str, cascade: tuple[str, ...], names: list[str], images: np.ndarray, labels: np.ndarray,
+                  args) -> dict:
+    import tritonclient.grpc.aio as aioclient
+    from tritonclient.utils import InferenceServerException
+
+    from loadtest.traces import gamma
+    from python_backend.cascade import EARLY
+
+    arrivals = gamma(args.rate_qps, 4.0, args.duration_s, seed=0).arrival_s
+    counts: Counter = Counter()
+    by_model: Counter = Counter()
+    async with aioclient.InferenceServerClient(url) as client:
+        async def one(i: int) -> None:
+            x = images[i % len(images)][None]
+            tensor = aioclient.InferInput("INPUT", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            start = time.monotonic()
+            try:
+                result = await client.infer(MODEL, [tensor])
+            except InferenceServerException:
+                counts["refused"] += 1
+                return
+            counts["late" if time.monotonic() - start > args.slo_ms / 1000 else "met"] += 1
+            if len(cascade) == 1:
+                label, model, reason = int(result.as_numpy("LOGITS")[0].argmax()), names.index(cascade[0]), 0
+            else:
+                label, model, reason = (int(result.as_numpy(k)[0, 0]) for k in ("LABEL", "MODEL", "REASON"))
+            counts["right"] += label == labels[i % len(labels)]
+            counts["early"] += reason == EARLY
+            by_model[names[model]] += 1
+
+        begin, tasks = time.monotonic(), []
+        for i, t in enumerate(arrivals):
+            await asyncio.sleep(max(0.0, begin + t - time.monotonic()))
+            tasks.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*tasks)
+    answered = counts["met"] + counts["late"]
+    return {"sent": len(arrivals), "met": counts["met"], "late": counts["late"], "refused": counts["refused"],
+            "accuracy": round(100 * counts["right"] / max(1, answered), 2),
+            "answered_by": " ".join(f"{m}:{by_model[m]}" for m in cascade),
+            "answered_early": counts["early"]}
+
+
+def _write(out: Path, modes: list[dict], replays: list[dict], family, points, args) -> None:
+    from scheduler_sidecar.sim.results import markdown_table, write_rows
+
+    largest = next(m for m in modes if m["mode"] == "largest")
+    for m in modes:
+        m["throughput_vs_largest"] = round(m["throughput_rps"] / largest["throughput_rps"], 2)
+        m["alg1_predicts"] = round(largest["alg1_cost_us"] / m["alg1_cost_us"], 2)
+        m["batched_predicts"] = round(largest["batched_cost_us"] / m["batched_cost_us"], 2)
+        m["measured_over_batched"] = round(m["throughput_vs_largest"] / m["batched_predicts"], 2)
+    write_rows(modes, out / "modes.csv")
+    write_rows(replays, out / "replay.csv")
+    summary = "\n\n".join([
+        "# HybridServe live demo",
+        f"Models emulated x{args.slowdown:g}; {args.instances} model instances per mode; saturation: {args.clients} "
+        f"closed-loop clients, batches of {ROWS}, {args.saturate_s:g} s; replay through the sidecar: "
+        f"{args.rate_qps:g} requests/s (gamma, CV² 4), {args.duration_s:g} s, SLO {args.slo_ms:g} ms.",
+        "## Saturation (straight to Triton)\n\n" + markdown_table(modes, list(modes[0])),
+        "## Replay (behind the sidecar)\n\n" + markdown_table(replays, list(replays[0])),
+    ]) + "\n"
+    (out / "summary.md").write_text(summary)
+    print(summary)
