@@ -99,7 +99,7 @@ class TritonPythonModel:
             raise ValueError("the plan's exec_ms must map models to times >= 0")
         if not isinstance(plan.get("skip", False), bool):
             raise ValueError("the plan's skip must be true or false")
-        return plan
+        return {**plan, "skip": plan.get("skip", False), "exec_ms": exec_ms}
 
     def _run(self, plan: dict, members: list, answers: dict, start: float) -> None:
         models, last = plan["models"], len(plan["models"]) - 1
@@ -115,7 +115,7 @@ class TritonPythonModel:
             labels, c = confidence(self._infer(name, x[rows]), plan["temperatures"][name])
             onward = route(i, c, np.asarray(plan["thresholds"][i] if i < last else 0.0), last, plan["skip"])
             elapsed_ms = (time.perf_counter() - start) * 1000
-            nxt_ms = np.array([plan.get("exec_ms", {}).get(models[j], 0.0) if j != ANSWER else 0.0 for j in onward])
+            nxt_ms = np.array([plan["exec_ms"].get(models[j], 0.0) if j != ANSWER else 0.0 for j in onward])
             early = (onward != ANSWER) & (elapsed_ms + nxt_ms > budget[rows])
             done = (onward == ANSWER) | early
             label[rows[done]], model[rows[done]], conf[rows[done]] = labels[done], self.index[name], c[done]

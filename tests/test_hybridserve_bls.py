@@ -98,3 +98,11 @@ def test_a_malformed_plan_is_refused_and_the_server_serves_on(deployed, bad):
     with pytest.raises(InferenceServerException, match="plan|JSON|Expecting"):
         _infer(triton, x, cascade_plan=bad if isinstance(bad, str) else json.dumps(bad))
     assert len(_infer(triton, x)["LABEL"]) == 4
+
+
+def test_a_plan_of_two_models_without_skip_or_times_is_served(deployed):
+    triton, family, _, plan = deployed
+    first, last = family.names[0], family.names[-1]
+    two = {"models": [first, last], "thresholds": [0.5], "temperatures": {m: plan["temperatures"][m] for m in (first, last)}}
+    out = _infer(triton, family.images("test")[0][:32], cascade_plan=json.dumps(two))
+    assert set(out["MODEL"].tolist()) <= {0, len(family.names) - 1}

@@ -22,7 +22,8 @@ from scheduler_sidecar.errors import ConfigError
 
 
 class CascadeModel(Policy):
-    """The sidecar's policy for a cascade. Options: ``max_batch`` (requests per call to the BLS, default 32) and
+    """The sidecar's policy for a cascade. Options: ``max_batch`` (requests per call to the BLS, default 32, at most
+    the profile's largest batch) and
     ``plan`` (a JSON plan file sent with every batch; default: the BLS's deployed plan)."""
 
     name = "cascade"
@@ -32,8 +33,8 @@ class CascadeModel(Policy):
         super().__init__(profile, **options)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"cascade: max_batch must be a whole number >= 1, got {max_batch!r}")
-        self.max_batch = max_batch
         self.variant = profile.variants[-1]
+        self.max_batch = min(max_batch, self.variant.latency[self.device].batch_sizes[-1])  # what it is profiled for
         self.params: tuple[tuple[str, object], ...] = ()
         if plan is not None:
             try:

@@ -53,7 +53,8 @@ def prune(preds: Predictions, costs: np.ndarray, mode: str = "ap", config: Searc
     while True:
         result = search(preds.subset(kept), costs[kept], config=config, seeds=seeds)
         point = result.ap if mode == "ap" else result.eo
-        before = before or point
+        if before is None:
+            before = point
         benefits = energy_benefit(np.array(point.reach), costs[kept])
         bad = next((i for i, b in enumerate(benefits) if b <= 0), None)
         if bad is None or len(kept) == 1:

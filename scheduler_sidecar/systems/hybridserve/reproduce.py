@@ -9,7 +9,7 @@ Written to --out:
   the largest model alone: accuracy on the search and test splits, the share of requests reaching and answered by
   each model, cost and energy per request (:mod:`.planner`'s CPU power model);
 - ``pruning.csv``: Algorithm 2 per mode: the models removed and their energy benefit, cost and accuracy before and
-  after, and with skip connections the total share of work (Σρ);
+  after, and with skip connections the total share of work (Σρ), on the models kept and on the whole family;
 - ``replay.csv``: each mode replayed in the simulator on a bursty trace (escalations are follow-up queries) with
   replicas R ∝ ρl (§V-C) and with the same instances spread uniformly;
 - ``placement.csv``: Algorithm 3 at the replay's rate: replicas and their placement (Eqs. 2-4) onto four devices
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     result = search(family.predictions("search"), family.costs, config=config)
     points = operating_points(family, result=result)
     progress("Algorithm 2: pruning and skips")
-    pruning = [_pruning_row(family, mode, config) for mode in ("ap", "eo")]
+    pruning = [_pruning_row(family, mode, config, result) for mode in ("ap", "eo")]
     progress(f"replay: {args.rate_qps:g} requests/s for {args.seconds:g} s, {args.instances} instances")
     replay = [row for p in points.values() for row in _replay(family, p, args)]
     progress("Algorithm 3: replicas and placement")
@@ -119,8 +119,10 @@ def _mode_row(family: Family, p: OperatingPoint) -> dict:
             "energy_uj": round(1e6 * energy_j(p.test.cost), 2)}
 
 
-def _pruning_row(family: Family, mode: str, config: SearchConfig) -> dict:
+def _pruning_row(family: Family, mode: str, config: SearchConfig, result: SearchResult) -> dict:
     pruned = prune(family.predictions("search"), family.costs, mode, config)
+    whole = search(family.predictions("search"), family.costs, skip=True, config=config)
+    whole_chain, whole_skips = (r.ap if mode == "ap" else r.eo for r in (result, whole))
     kept_costs = family.costs[list(pruned.kept)]
     chain, skips = pruned.point(mode, False), pruned.point(mode, True)
     return {"mode": mode, "removed": " ".join(f"{family.names[r.model]} ({1e6 * r.benefit:+.3f} us, answered "
@@ -130,7 +132,9 @@ def _pruning_row(family: Family, mode: str, config: SearchConfig) -> dict:
             "accuracy_after": round(100 * chain.accuracy, 2), "cost_after_us": round(1e6 * chain.cost, 3),
             "benefits_after_us": " ".join(f"{1e6 * b:+.3f}" for b in energy_benefit(np.array(chain.reach), kept_costs)),
             "work_chain": round(sum(chain.reach), 3), "accuracy_skips": round(100 * skips.accuracy, 2),
-            "cost_skips_us": round(1e6 * skips.cost, 3), "work_skips": round(sum(skips.reach), 3)}
+            "cost_skips_us": round(1e6 * skips.cost, 3), "work_skips": round(sum(skips.reach), 3),
+            "whole_family_work": f"{sum(whole_chain.reach):.3f} -> {sum(whole_skips.reach):.3f} with skips",
+            "whole_family_skips": f"{100 * whole_skips.accuracy:.2f}%, {1e6 * whole_skips.cost:.3f} us"}
 
 
 def _replay(family: Family, p: OperatingPoint, args: argparse.Namespace) -> list[dict]:
