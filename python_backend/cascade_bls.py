@@ -59,7 +59,7 @@ class TritonPythonModel:
                 if math.isnan(budget):
                     raise ValueError("budget_ms must be a number")
                 x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
-            except (ValueError, TypeError, KeyError) as exc:
+            except (ValueError, TypeError, KeyError, RecursionError) as exc:  # RecursionError: JSON nested too deep
                 errors[i] = f"{type(exc).__name__}: {exc}"
                 continue
             groups.setdefault(json.dumps(plan, sort_keys=True), []).append((i, x, budget))

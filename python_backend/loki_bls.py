@@ -72,7 +72,7 @@ class TritonPythonModel:
                     raise ValueError("no plan: send the parameter loki_plan or deploy plan.json")
                 self._check(plan)
                 frames = pb_utils.get_input_tensor_by_name(request, "FRAME").as_numpy()
-            except (ValueError, TypeError, KeyError) as exc:
+            except (ValueError, TypeError, KeyError, RecursionError) as exc:  # RecursionError: JSON nested too deep
                 answers.append(f"{type(exc).__name__}: {exc}")
                 continue
             answers.append([{} for _ in frames])

@@ -21,10 +21,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from scheduler_sidecar.core.plan import Demand, Plan
-from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.core.queue import QueueView
-from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, WorkerState
+from scheduler_sidecar.systems.bls import BlsPolicy
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import DEFAULT_CONFIG, LokiConfig, LokiPlan, LokiPlanner
 from scheduler_sidecar.systems.loki.policy import BUDGETS, DropMode, budget_factors
@@ -91,35 +89,16 @@ class LivePlanner(LokiPlanner):
         return Plan(now_us, {}, replace(detail, bls=bls), instances)
 
 
-class LokiPipeline(Policy):
+class LokiPipeline(BlsPolicy):
     """The sidecar's policy for a Loki pipeline model. Options: ``max_batch`` (frames per request to the BLS,
     default 8)."""
 
     name = "loki"
+    time_left_param = "slo_ms"
 
     def __init__(self, profile: Profile, *, max_batch: int = 8, **options) -> None:
-        super().__init__(profile, **options)
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"loki: max_batch must be a whole number >= 1, got {max_batch!r}")
-        self.max_batch = max_batch
-        self.variant = profile.variants[-1]
-        self.params: tuple[tuple[str, object], ...] = ()  # until the first plan: the BLS's deployed plan
+        super().__init__(profile, max_batch=max_batch, **options)  # until the first plan: the BLS's deployed plan
 
     def observe_plan(self, now_us: int, plan: Plan) -> None:
         if isinstance(plan.detail, LokiPlan) and plan.detail.bls is not None:
             self.params = (("loki_plan", json.dumps(plan.detail.bls)),)
-
-    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
-        if not queue:
-            return EMPTY
-        worker = next((w for w in workers if w.is_free and w.holds(self.variant.actuation.model)), None)
-        if worker is None:
-            return EMPTY
-        fastest = self.latency_us(self.variant, 1, worker.device)
-        dropped = self.drop_or_serve(now_us, queue, fastest)
-        if dropped:
-            return dropped
-        batch = queue.head(self.max_batch)
-        left_ms = self.slack_us(now_us, batch[0]) / 1000
-        return Decision((Dispatch(worker.id, self.variant.id, tuple(q.id for q in batch),
-                                  (*self.params, ("slo_ms", left_ms))),))

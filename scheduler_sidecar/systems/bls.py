@@ -1,0 +1,43 @@
+"""The sidecar's policy for a logical model that one Triton BLS model serves (a Loki pipeline, a HybridServe
+cascade): the BLS does the stages inside Triton, the sidecar holds the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from scheduler_sidecar.core.policy import Policy
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.core.queue import QueueView
+from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, WorkerState
+from scheduler_sidecar.errors import ConfigError
+
+
+class BlsPolicy(Policy):
+    """Each free Triton holding the BLS model gets the queue's head batch, earliest deadline first, of at most
+    ``max_batch`` requests (and at most the profile's largest batch), with ``self.params`` and the time the first
+    request has left, in milliseconds, as the request parameter ``time_left_param``."""
+
+    time_left_param: ClassVar[str]
+
+    def __init__(self, profile: Profile, *, max_batch: int, **options) -> None:
+        super().__init__(profile, **options)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"{self.name}: max_batch must be a whole number >= 1, got {max_batch!r}")
+        self.variant = profile.variants[-1]
+        self.max_batch = min(max_batch, self.variant.latency[self.device].batch_sizes[-1])
+        self.params: tuple[tuple[str, object], ...] = ()
+
+    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
+        if not queue:
+            return EMPTY
+        worker = next((w for w in workers if w.is_free and w.holds(self.variant.actuation.model)), None)
+        if worker is None:
+            return EMPTY
+        dropped = self.drop_or_serve(now_us, queue, self.latency_us(self.variant, 1, worker.device))
+        if dropped:
+            return dropped
+        batch = queue.head(self.max_batch)
+        left_ms = self.slack_us(now_us, batch[0]) / 1000
+        return Decision((Dispatch(worker.id, self.variant.id, tuple(q.id for q in batch),
+                                  (*self.params, (self.time_left_param, left_ms))),))
