@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import json
 import time
 from collections import Counter, defaultdict
@@ -183,17 +182,13 @@ async def drive(url: str, models: list[str], args) -> list[dict]:
 
 
 def write(out: Path, rows: list[dict], args) -> None:
-    with open(out / "windows.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    from scheduler_sidecar.sim.results import markdown_table, write_rows
+
+    write_rows(rows, out / "windows.csv")
     total = {k: sum(r[k] for r in rows) for k in ("sent", "met", "dropped", "late", "refused", "rerouted")}
     summary = (f"# Loki live demo\n\n{args.base_qps:g} frames/s, {args.burst_qps:g} in the middle third, SLO "
                f"{args.slo_ms:g} ms, {args.duration_s:g} s; stage models emulated x{args.slowdown:g}; "
                f"{args.instances} replicas planned.\n\n"
-               + ", ".join(f"{k} {v}" for k, v in total.items()) + ".\n\n" + "\n".join(lines) + "\n")
+               + ", ".join(f"{k} {v}" for k, v in total.items()) + ".\n\n" + markdown_table(rows, list(rows[0])) + "\n")
     (out / "summary.md").write_text(summary)
     print(summary)

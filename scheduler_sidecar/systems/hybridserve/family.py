@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -48,22 +49,25 @@ class Family:
     def costs(self) -> np.ndarray:
         return np.array([m.cost_s for m in self.models])
 
-    def _arrays(self):
-        return np.load(self.folder / "predictions.npz")
+    @cached_property
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """predictions.npz, read once."""
+        with np.load(self.folder / "predictions.npz") as z:
+            return dict(z)
 
     def predictions(self, split: str) -> Predictions:
         """Every model's calibrated predictions on ``split`` (calibration, search or test)."""
-        z = self._arrays()
+        z = self._arrays
         return Predictions.from_logits([z[f"{split}_logits_{n}"] for n in self.names],
                                        [m.temperature for m in self.models], z[f"{split}_labels"])
 
     def images(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """(images [N, 1, 16, 16], labels) of the search or test split."""
-        z = self._arrays()
+        z = self._arrays
         return z[f"{split}_images"], z[f"{split}_labels"]
 
     def difficulty(self, split: str) -> np.ndarray:
-        return self._arrays()[f"{split}_difficulty"]
+        return self._arrays[f"{split}_difficulty"]
 
     def profile(self, name: str, slowdown: float = 1.0) -> Profile:
         """The engine's profile of one model (a query type of its own in a cascade), its latency times
