@@ -1,12 +1,6 @@
 """HybridServe's offline planner over a family built here: the cascades of its operating points (AP, EO and the
 largest model alone), the replicas of each model within an instance budget (:func:`.placement.replicas`), and the
-cost and energy of a request.
-
-Cost is measured worker-seconds per request (e_i, :mod:`export.cascade_models`). Energy (§VI-C measures GPU
-energy with NVML): this machine has no GPU, so energy is worker-seconds times ``CPU_WATTS_PER_BUSY_CORE``, a
-documented power model: a server CPU's package power over its cores at full load, about 10 W per busy core (e.g.
-a 150 W, 16-core part); idle power, which the paper's metric includes, is left out, so the ratios between modes are
-those of compute, not the paper's system-level Table V.
+cost of a request: measured worker-seconds (energy follows, :mod:`.energy`).
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ from scheduler_sidecar.systems.hybridserve.family import Family
 from scheduler_sidecar.systems.hybridserve.placement import replicas
 from scheduler_sidecar.systems.hybridserve.search import DEFAULT_SEARCH, SearchConfig, SearchResult, search
 
-CPU_WATTS_PER_BUSY_CORE = 10.0
 MODES = ("ap", "eo", "largest")
 
 
@@ -48,6 +41,14 @@ class OperatingPoint:
         """Instances per model of the cascade: R_i ∝ ρ_i l_i (§V-C), l_i from :meth:`service_s`."""
         return replicas(self.validation.reach, self.service_s(family, batch), budget)
 
+    def capacity_rps(self, family: Family, replicas: tuple[int, ...], batch: int | None = None) -> float:
+        """Requests per second the cascade keeps up with on ``replicas`` instances per model, each model's work per
+        request ρ_i l_i as in :meth:`batched_cost`: the slowest model's R_i / (ρ_i l_i). With replicas in exact
+        proportion to the work it is the budget over :meth:`batched_cost`; rounding them leaves one model short."""
+        work = self.validation.reach * self.service_s(family, batch)
+        reached = work > 0
+        return float(np.min(np.asarray(replicas)[reached] / work[reached]))
+
 
 def operating_points(family: Family, *, skip: bool = False, config: SearchConfig = DEFAULT_SEARCH,
                      result: SearchResult | None = None) -> dict[str, OperatingPoint]:
@@ -66,8 +67,3 @@ def operating_points(family: Family, *, skip: bool = False, config: SearchConfig
                                        *(evaluate(s.subset(last), empty, family.costs[last])[0]
                                          for s in (search_split, test_split)))
     return points
-
-
-def energy_j(worker_s: float) -> float:
-    """Joules of ``worker_s`` busy worker-seconds under the CPU power model."""
-    return worker_s * CPU_WATTS_PER_BUSY_CORE

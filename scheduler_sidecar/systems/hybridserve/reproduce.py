@@ -7,7 +7,8 @@ Written to --out:
   temperature scaling on the calibration split, and cost per request (worker-seconds);
 - ``modes.csv``, ``front.png``: Algorithm 1 on the search split (the threshold performance graph), and AP, EO and
   the largest model alone: accuracy on the search and test splits, the share of requests reaching and answered by
-  each model, cost and energy per request (:mod:`.planner`'s CPU power model);
+  each model, cost and energy per request (the offline costs are this machine's CPU worker-seconds: energy is
+  :mod:`.energy`'s CPU power model);
 - ``pruning.csv``: Algorithm 2 per mode: the models removed and their energy benefit, cost and accuracy before and
   after, and with skip connections the total share of work (Σρ), on the models kept and on the whole family;
 - ``replay.csv``: each mode replayed in the simulator on a bursty trace (escalations are follow-up queries) with
@@ -36,8 +37,9 @@ from python_backend.runners import MODEL_FILE
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.hybridserve import placement, prototype
 from scheduler_sidecar.systems.hybridserve.cascade import energy_benefit
+from scheduler_sidecar.systems.hybridserve.energy import cpu_energy_j
 from scheduler_sidecar.systems.hybridserve.family import Family
-from scheduler_sidecar.systems.hybridserve.planner import MODES, OperatingPoint, energy_j, operating_points
+from scheduler_sidecar.systems.hybridserve.planner import MODES, OperatingPoint, operating_points
 from scheduler_sidecar.systems.hybridserve.pruning import prune
 from scheduler_sidecar.systems.hybridserve.search import SearchConfig, SearchResult, search
 from scheduler_sidecar.systems.hybridserve.simulation import simulate
@@ -116,7 +118,7 @@ def _mode_row(family: Family, p: OperatingPoint) -> dict:
             "test_reach": " ".join(f"{r:.3f}" for r in p.test.reach),
             "test_answered": " ".join(f"{q:.3f}" for q in p.test.answered),
             "cost_us": round(1e6 * p.test.cost, 3), "cost_vs_largest": round(p.test.cost / largest, 3),
-            "energy_uj": round(1e6 * energy_j(p.test.cost), 2)}
+            "energy_uj": round(1e6 * cpu_energy_j(p.test.cost), 2)}
 
 
 def _pruning_row(family: Family, mode: str, config: SearchConfig, result: SearchResult) -> dict:

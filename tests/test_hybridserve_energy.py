@@ -1,0 +1,59 @@
+"""HybridServe's energy per request: the GPUs' NVML counters where there are GPUs (a fake NVML here: this machine has
+none), the CPU power model where there are not."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from scheduler_sidecar.systems.hybridserve.energy import (
+    CPU_MODEL,
+    CPU_WATTS_PER_BUSY_CORE,
+    nvml_meter,
+    per_request_mj,
+)
+
+
+class FakeNvmlError(Exception):
+    pass
+
+
+def fake_nvml(counters_mj: list[int], *, supported: bool = True, driver: bool = True) -> SimpleNamespace:
+    """pynvml's calls the meter makes, over GPUs whose energy counters read ``counters_mj`` (the test moves them)."""
+
+    def init():
+        if not driver:
+            raise FakeNvmlError("NVML_ERROR_DRIVER_NOT_LOADED")
+
+    def energy(handle):
+        if not supported:
+            raise FakeNvmlError("NVML_ERROR_NOT_SUPPORTED")
+        return counters_mj[handle]
+
+    return SimpleNamespace(NVMLError=FakeNvmlError, nvmlInit=init, nvmlDeviceGetCount=lambda: len(counters_mj),
+                           nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetTotalEnergyConsumption=energy)
+
+
+def test_the_meter_sums_every_gpus_counter_in_joules():
+    counters = [1_000, 250_000]
+    meter = nvml_meter(fake_nvml(counters))
+    assert meter is not None and meter.source == "nvml"
+    before = meter.joules()
+    assert before == pytest.approx(251.0)
+    counters[0] += 3_000  # 3 J on one GPU, 1.5 J on the other
+    counters[1] += 1_500
+    assert meter.joules() - before == pytest.approx(4.5)
+
+
+@pytest.mark.parametrize("nvml", [fake_nvml([]), fake_nvml([5], supported=False), fake_nvml([5], driver=False)],
+                         ids=["no GPU", "no energy counter (before Volta)", "no driver"])
+def test_no_meter_where_nvml_cannot_measure(nvml):
+    assert nvml_meter(nvml) is None
+
+
+def test_energy_per_request_from_the_gpus_else_from_the_cpu_model():
+    meter = nvml_meter(fake_nvml([0]))
+    assert per_request_mj(meter, joules=6.0, worker_s=100.0, requests=3000) == (pytest.approx(2.0), "nvml")
+    mj, source = per_request_mj(None, joules=0.0, worker_s=3.0, requests=1500)
+    assert source == CPU_MODEL and mj == pytest.approx(1000 * 3.0 * CPU_WATTS_PER_BUSY_CORE / 1500)
