@@ -2,16 +2,18 @@
 
 Builds (or reuses) the family trained here (:mod:`export.cascade_models`, four CNNs, each its own Triton model)
 and the cascade's BLS model, and starts one Triton server whose models run ``--slowdown`` times slower than this
-machine (each batch sleeps to its profiled latency times that: an emulated slower device, so a model's cost is
-well above the BLS hop's). Then, for the largest model alone, AP and EO in turn:
+machine. Each batch sleeps to its profiled latency times that: an emulated slower device, so a model's cost is well
+above a BLS hop's. By default the largest model takes two seconds over a batch of 32, whatever this machine's speed.
+Then, for the largest model alone, AP and EO in turn:
 
 1. instances: the planner's replicas R ∝ ρl within ``--instances`` (the largest alone gets them all), set as
    Triton instance counts (a reload with a config override);
 2. saturation: ``--clients`` closed-loop clients send batches of 32 test images straight to Triton (the BLS, or
-   the largest model alone) for ``--saturate-s``; throughput, and worker-seconds per request from Triton's
-   statistics (the models' busy time, their emulated sleep included, over the requests answered). Two cost models
-   predict the throughput ratio against the largest alone: Algorithm 1's e_n / Σρe (every model at full batches)
-   and the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32 (§V-C; :meth:`OperatingPoint.batched_cost`);
+   the largest model alone); throughput over ``--saturate-s`` after ``--warmup-s``, and worker-seconds per request
+   from Triton's statistics (the models' busy time, their emulated sleep included, over the requests answered).
+   Two cost models predict the throughput ratio against the largest alone: Algorithm 1's e_n / Σρe (every model
+   at full batches) and the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32 (§V-C;
+   :meth:`OperatingPoint.batched_cost`);
 3. replay: the sidecar in front (the cascade a logical model with an SLO, policy ``cascade``, the mode's plan
    file), a bursty trace of single images (gamma, CV² 4) at ``--rate-qps`` for ``--duration-s`` with
    ``tritonclient``: met, late, refused, accuracy, the share each model answered, and answers given early because
@@ -32,10 +34,16 @@ from pathlib import Path
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
+from scheduler_sidecar.systems.hybridserve.energy import NvmlMeter, nvml_meter, per_request_mj
 
 MODEL = "digits-cascade"  # the logical model clients call
 BLS = "cascade"
-BLS_INSTANCES = 48  # cascade batches in flight at once: three times the model instances, so that few idle
+# cascade batches in flight at once: a BLS instance holds its batch through every hop, so four per model instance,
+# that the bottleneck model seldom waits for one
+BLS_INSTANCES = 64
+# the default emulated device: long beside a BLS hop, short beside a measured window, and slow enough that the largest
+# model alone cannot keep up with a replay this machine's two cores can send through the sidecar
+LARGEST_BATCH_MS = 2000.0
 ROWS = 32  # images per saturation request
 
 
@@ -43,14 +51,18 @@ def register(demos: argparse._SubParsersAction) -> None:
     p = demos.add_parser("hybridserve", help="HybridServe's cascade live behind the sidecar",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--instances", type=int, default=16, help="model instances per mode (default: 16)")
-    p.add_argument("--slowdown", type=float, default=1000.0,
-                   help="models run this many times slower than measured here (default: 1000)")
-    p.add_argument("--clients", type=int, default=96, help="closed-loop clients when saturating (default: 96)")
-    p.add_argument("--saturate-s", type=float, default=10.0, help="seconds of saturation per mode (default: 10)")
-    p.add_argument("--rate-qps", type=float, default=900.0,
-                   help="the replay's mean rate (default: 900, above the largest model's capacity alone)")
+    p.add_argument("--slowdown", type=float,
+                   help="models run this many times slower than measured here (default: the largest model's batch "
+                        f"of {ROWS} takes {LARGEST_BATCH_MS:g} ms)")
+    p.add_argument("--clients", type=int, default=BLS_INSTANCES,
+                   help=f"closed-loop clients when saturating (default: {BLS_INSTANCES}, one per BLS instance)")
+    p.add_argument("--warmup-s", type=float, default=5.0,
+                   help="seconds of saturation before the measured window (default: 5)")
+    p.add_argument("--saturate-s", type=float, default=10.0, help="seconds measured per mode (default: 10)")
+    p.add_argument("--rate-qps", type=float, default=400.0,
+                   help="the replay's mean rate (default: 400, above the largest model's capacity alone)")
     p.add_argument("--duration-s", type=float, default=20.0, help="the replay's length per mode (default: 20)")
-    p.add_argument("--slo-ms", type=float, default=2000.0, help="every request's SLO in the replay (default: 2000)")
+    p.add_argument("--slo-ms", type=float, default=4000.0, help="every request's SLO in the replay (default: 4000)")
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
     p.add_argument("--out", type=Path, help="where the results go (default: runs/hybridserve-demo-<time>)")
     p.set_defaults(func=run)
@@ -69,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / time.strftime("hybridserve-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     family = Family.load(build(args.build_dir / "hybridserve"))
+    args.slowdown = args.slowdown or LARGEST_BATCH_MS / family.models[-1].latency.p50_at(ROWS)
     points = operating_points(family)
     temperatures = {m.name: m.temperature for m in family.models}
     exec_ms = {m.name: m.latency.p50_ms[0] * args.slowdown for m in family.models}
@@ -76,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     repository.write_cascade(repo, BLS, points["ap"].cascade.plan(temperatures, exec_ms), family.names,
                              max_batch_size=ROWS, instances=BLS_INSTANCES)
     images, labels = family.images("test")
+    meter = nvml_meter()
     modes, replays = [], []
     with TritonServer(repository=repo, models=[*family.names, BLS], emulate_slowdown=args.slowdown) as triton:
         for mode in MODES:
@@ -87,10 +101,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"{mode}: instances {dict(zip(point.cascade.models, replicas))}")
             target = family.names[-1] if mode == "largest" else BLS
             params = {} if mode == "largest" else {"cascade_plan": plan_file.read_text()}
-            measured = asyncio.run(_saturate(triton.grpc_url, target, point.cascade.models, images, params, args))
+            measured = asyncio.run(_saturate(triton.grpc_url, target, point.cascade.models, images, params, meter,
+                                             args))
             modes.append({"mode": mode, "instances": " ".join(map(str, replicas)),
                           "alg1_cost_us": round(1e6 * point.validation.cost, 3),
-                          "batched_cost_us": round(1e6 * point.batched_cost(family, ROWS), 3), **measured})
+                          "batched_cost_us": round(1e6 * point.batched_cost(family, ROWS), 3),
+                          "capacity_rps": round(point.capacity_rps(family, replicas, ROWS) / args.slowdown, 1),
+                          **measured})
             profile = _profile(out, family, point, args.slowdown)
             config = out / f"sidecar-{mode}.toml"
             config.write_text(f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
@@ -115,11 +132,11 @@ def _set_instances(url: str, models: list[str], instances: dict[str, int]) -> No
         client.load_model(model, config=json.dumps(config))
 
 
-def _busy_s(client, models: tuple[str, ...]) -> float:
+async def _busy_s(client, models: tuple[str, ...]) -> float:
     """The models' busy seconds so far, from Triton's statistics: input, infer and output time per batch executed
     (a request's own statistics would count a batch once per request merged into it)."""
     busy = 0
-    for s in client.get_inference_statistics(as_json=True)["model_stats"]:
+    for s in (await client.get_inference_statistics(as_json=True))["model_stats"]:
         if s["name"] in models:
             for b in s.get("batch_stats", []):
                 busy += sum(int(b.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
@@ -127,32 +144,51 @@ def _busy_s(client, models: tuple[str, ...]) -> float:
 
 
 async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.ndarray, params: dict,
-                    args) -> dict:
-    import tritonclient.grpc as grpcclient
+                    meter: NvmlMeter | None, args) -> dict:
+    """Closed-loop clients send batches of ROWS images for ``--warmup-s`` plus ``--saturate-s``, then stop.
+
+    The models run fixed-time batches (emulated), so clients that started together would stay in step, their
+    answers coming in waves (16 instances of the largest model answering 16 batches at once) that a window
+    counts whole or not at all: the clients start one after another over the first half of the warm-up, and the
+    throughput is the least-squares slope of the answers counted against their times within the window after
+    the warm-up (a count between the window's edges would still be off by part of a wave). Worker-seconds per
+    request are the models' busy time over every request of the run: nothing is in flight before the first or
+    after the last, so each request's work is counted once. Energy per request likewise: the GPUs' where ``meter``
+    reads them, else the CPU power model's for the busy time (:mod:`~scheduler_sidecar.systems.hybridserve.energy`)."""
     import tritonclient.grpc.aio as aioclient
 
-    sync = grpcclient.InferenceServerClient(url)
     output = "LOGITS" if target in models and len(models) == 1 else "LABEL"
-    answered = 0
+    answers: list[float] = []  # when each request was answered
+    running = True
     async with aioclient.InferenceServerClient(url) as client:
-        async def loop(k: int, until: float) -> None:
-            nonlocal answered
+        async def loop(k: int) -> None:
+            await asyncio.sleep(k * args.warmup_s / 2 / args.clients)
             i = k * ROWS
-            while time.monotonic() < until:
+            while running:
                 x = images[np.arange(i, i + ROWS) % len(images)]
                 tensor = aioclient.InferInput("INPUT", list(x.shape), "FP32")
                 tensor.set_data_from_numpy(x)
                 await client.infer(target, [tensor], outputs=[aioclient.InferRequestedOutput(output)],
                                    parameters=params)
-                answered += ROWS
+                answers.append(time.monotonic())
                 i += ROWS * args.clients
 
-        await asyncio.gather(*(loop(k, time.monotonic() + 2.0) for k in range(args.clients)))  # warm-up
-        answered, busy, start = 0, _busy_s(sync, models), time.monotonic()
-        await asyncio.gather(*(loop(k, start + args.saturate_s) for k in range(args.clients)))
-        elapsed = time.monotonic() - start
-    worker_s = _busy_s(sync, models) - busy
-    return {"throughput_rps": round(answered / elapsed, 1), "worker_ms_per_request": round(1000 * worker_s / answered, 4)}
+        joules, busy, start = meter.joules() if meter else 0.0, await _busy_s(client, models), time.monotonic()
+        clients = asyncio.gather(*(loop(k) for k in range(args.clients)))
+        await asyncio.sleep(args.warmup_s + args.saturate_s)
+        running = False
+        await clients
+        busy = await _busy_s(client, models) - busy
+        joules = meter.joules() - joules if meter else 0.0
+    times = np.array(answers) - start
+    window = times[(times >= args.warmup_s) & (times <= args.warmup_s + args.saturate_s)]
+    if len(window) < 2 or window[-1] == window[0]:
+        raise RuntimeError(f"{target}: fewer than two answer times in the measured window; lengthen --saturate-s")
+    rows_per_s = np.polyfit(window, ROWS * np.arange(1, len(window) + 1), 1)[0]
+    energy_mj, source = per_request_mj(meter, joules, busy, ROWS * len(answers))
+    return {"throughput_rps": round(float(rows_per_s), 1),
+            "worker_ms_per_request": round(1000 * busy / (ROWS * len(answers)), 4),
+            "energy_mj_per_request": round(energy_mj, 3), "energy_source": source}
 
 
 def _profile(out: Path, family, point, slowdown: float) -> Path:
@@ -224,15 +260,21 @@ def _write(out: Path, modes: list[dict], replays: list[dict], family, points, ar
         m["throughput_vs_largest"] = round(m["throughput_rps"] / largest["throughput_rps"], 2)
         m["alg1_predicts"] = round(largest["alg1_cost_us"] / m["alg1_cost_us"], 2)
         m["batched_predicts"] = round(largest["batched_cost_us"] / m["batched_cost_us"], 2)
+        m["replicas_predicts"] = round(m["capacity_rps"] / largest["capacity_rps"], 2)
         m["measured_over_batched"] = round(m["throughput_vs_largest"] / m["batched_predicts"], 2)
+        m["measured_over_replicas"] = round(m["throughput_vs_largest"] / m["replicas_predicts"], 2)
     write_rows(modes, out / "modes.csv")
     write_rows(replays, out / "replay.csv")
     summary = "\n\n".join([
         "# HybridServe live demo",
         f"Models emulated x{args.slowdown:g}; {args.instances} model instances per mode; saturation: {args.clients} "
-        f"closed-loop clients, batches of {ROWS}, {args.saturate_s:g} s; replay through the sidecar: "
-        f"{args.rate_qps:g} requests/s (gamma, CV² 4), {args.duration_s:g} s, SLO {args.slo_ms:g} ms.",
+        f"closed-loop clients, batches of {ROWS}, {args.saturate_s:g} s measured after {args.warmup_s:g} s; replay "
+        f"through the sidecar: {args.rate_qps:g} requests/s (gamma, CV² 4), {args.duration_s:g} s, SLO "
+        f"{args.slo_ms:g} ms.",
         "## Saturation (straight to Triton)\n\n" + markdown_table(modes, list(modes[0])),
+        "Predicted throughput ratios against the largest alone: `alg1` from Algorithm 1's cost (full batches "
+        "everywhere), `batched` from each model's share of a batch, both as if replicas were exactly proportional "
+        "to the work; `replicas` from the deployed instance counts (`capacity_rps`, the slowest model's).",
         "## Replay (behind the sidecar)\n\n" + markdown_table(replays, list(replays[0])),
     ]) + "\n"
     (out / "summary.md").write_text(summary)
