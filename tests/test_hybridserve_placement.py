@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from scheduler_sidecar.systems.hybridserve.placement import (
+    BALANCED,
     NETWORK_COST,
     SAME_SERVER_COST,
     Device,
@@ -54,6 +55,24 @@ def test_replicas_need_one_instance_per_model_and_keep_one_for_an_unreached_mode
     assert replicas(REACH, LATENCY, 4) == (1, 1, 1, 1)
     r = replicas((1.0, 0.5, 0.0), (1e-3, 2e-3, 8e-3), 7)
     assert r[2] == 1 and sum(r) <= 7 and r[1] == r[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_balanced_replicas_leave_the_busiest_model_least_busy(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 5))
+    reach = np.sort(rng.uniform(0.01, 1.0, n))[::-1]
+    reach[0] = 1.0
+    latency = np.sort(rng.uniform(1e-4, 1e-2, n))
+    work = reach * latency
+    for budget in range(n, n + 9):
+        r = np.array(replicas(reach, latency, budget, BALANCED))
+        assert r.sum() == budget and r.min() >= 1
+        best = min(max(work / np.array(c)) for c in itertools.product(range(1, budget - n + 2), repeat=n)
+                   if sum(c) <= budget)
+        assert max(work / r) == pytest.approx(best)
+        # the paper's rounding can do no better: its busiest model is at least as busy
+        assert max(work / np.array(replicas(reach, latency, budget))) >= best - 1e-15
 
 
 def brute_force(instances, devices, flow):

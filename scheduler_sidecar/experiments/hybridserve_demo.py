@@ -6,8 +6,8 @@ machine. Each batch sleeps to its profiled latency times that: an emulated slowe
 above a BLS hop's. By default the largest model takes two seconds over a batch of 32, whatever this machine's speed.
 Then, for the largest model alone, AP and EO in turn:
 
-1. instances: the planner's replicas R ∝ ρl within ``--instances`` (the largest alone gets them all), set as
-   Triton instance counts (a reload with a config override);
+1. instances: the planner's replicas R ∝ ρl within ``--instances`` (the largest alone gets them all), rounded as
+   ``--replicas`` says, set as Triton instance counts (a reload with a config override);
 2. saturation: ``--clients`` closed-loop clients send batches of 32 test images straight to Triton (the BLS, or
    the largest model alone); throughput over ``--saturate-s`` after ``--warmup-s``, and worker-seconds per request
    from Triton's statistics (the models' busy time, their emulated sleep included, over the requests answered).
@@ -35,6 +35,7 @@ import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
 from scheduler_sidecar.systems.hybridserve.energy import NvmlMeter, nvml_meter, per_request_mj
+from scheduler_sidecar.systems.hybridserve.placement import BALANCED, NEAREST
 
 MODEL = "digits-cascade"  # the logical model clients call
 BLS = "cascade"
@@ -51,6 +52,9 @@ def register(demos: argparse._SubParsersAction) -> None:
     p = demos.add_parser("hybridserve", help="HybridServe's cascade live behind the sidecar",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--instances", type=int, default=16, help="model instances per mode (default: 16)")
+    p.add_argument("--replicas", choices=(NEAREST, BALANCED), default=NEAREST,
+                   help="how the replicas R ∝ ρl are rounded: as the paper does (nearest, the default) or with the "
+                        "busiest model least busy (balanced)")
     p.add_argument("--slowdown", type=float,
                    help="models run this many times slower than measured here (default: the largest model's batch "
                         f"of {ROWS} takes {LARGEST_BATCH_MS:g} ms)")
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     with TritonServer(repository=repo, models=[*family.names, BLS], emulate_slowdown=args.slowdown) as triton:
         for mode in MODES:
             point = points[mode]
-            replicas = point.replicas(family, args.instances, ROWS)
+            replicas = point.replicas(family, args.instances, ROWS, args.replicas)
             _set_instances(triton.grpc_url, family.names, dict(zip(point.cascade.models, replicas)))
             plan_file = out / f"plan-{mode}.json"
             plan_file.write_text(json.dumps(point.cascade.plan(temperatures, exec_ms)))

@@ -11,7 +11,7 @@ import numpy as np
 
 from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Outcome, evaluate
 from scheduler_sidecar.systems.hybridserve.family import Family
-from scheduler_sidecar.systems.hybridserve.placement import replicas
+from scheduler_sidecar.systems.hybridserve.placement import NEAREST, replicas
 from scheduler_sidecar.systems.hybridserve.search import DEFAULT_SEARCH, SearchConfig, SearchResult, search
 
 MODES = ("ap", "eo", "largest")
@@ -37,9 +37,11 @@ class OperatingPoint:
         from :meth:`service_s`; with full batches everywhere it would be Algorithm 1's Σ ρ_i e_i."""
         return float(np.dot(self.validation.reach, self.service_s(family, batch)))
 
-    def replicas(self, family: Family, budget: int, batch: int | None = None) -> tuple[int, ...]:
-        """Instances per model of the cascade: R_i ∝ ρ_i l_i (§V-C), l_i from :meth:`service_s`."""
-        return replicas(self.validation.reach, self.service_s(family, batch), budget)
+    def replicas(self, family: Family, budget: int, batch: int | None = None,
+                 rounding: str = NEAREST) -> tuple[int, ...]:
+        """Instances per model of the cascade: R_i ∝ ρ_i l_i (§V-C), l_i from :meth:`service_s`, rounded as
+        :func:`.placement.replicas` says."""
+        return replicas(self.validation.reach, self.service_s(family, batch), budget, rounding)
 
     def capacity_rps(self, family: Family, replicas: tuple[int, ...], batch: int | None = None) -> float:
         """Requests per second the cascade keeps up with on ``replicas`` instances per model, each model's work per

@@ -12,7 +12,8 @@ Written to --out:
 - ``pruning.csv``: Algorithm 2 per mode: the models removed and their energy benefit, cost and accuracy before and
   after, and with skip connections the total share of work (Σρ), on the models kept and on the whole family;
 - ``replay.csv``: each mode replayed in the simulator on a bursty trace (escalations are follow-up queries) with
-  replicas R ∝ ρl (§V-C) and with the same instances spread uniformly;
+  replicas R ∝ ρl (§V-C), rounded as the paper does and balanced (:mod:`.placement`), and with the same instances
+  spread uniformly;
 - ``placement.csv``: Algorithm 3 at the replay's rate: replicas and their placement (Eqs. 2-4) onto four devices
   of two kinds on two servers, within memory and kernel utilisation, the least transfer cost;
 - ``prototype.csv``: the authors' prototype (ViT, T5, GPT): cascade cost recomputed from its shares, against the
@@ -148,6 +149,7 @@ def _replay(family: Family, p: OperatingPoint, args: argparse.Namespace) -> list
     n = len(index)
     plans = {"R ∝ ρl": p.replicas(family, args.instances)}
     if n > 1:
+        plans["R ∝ ρl, balanced"] = p.replicas(family, args.instances, rounding=placement.BALANCED)
         plans["uniform"] = tuple(args.instances // n + (i < args.instances % n) for i in range(n))
     rows = []
     for name, replicas in plans.items():
