@@ -52,6 +52,8 @@ def test_replicas_approach_the_proportions_of_the_work():
 def test_replicas_need_one_instance_per_model_and_keep_one_for_an_unreached_model():
     with pytest.raises(ValueError, match="at least 4"):
         replicas(REACH, LATENCY, 3)
+    with pytest.raises(ValueError, match="rounding"):
+        replicas(REACH, LATENCY, 8, "ceil")
     assert replicas(REACH, LATENCY, 4) == (1, 1, 1, 1)
     r = replicas((1.0, 0.5, 0.0), (1e-3, 2e-3, 8e-3), 7)
     assert r[2] == 1 and sum(r) <= 7 and r[1] == r[0]
