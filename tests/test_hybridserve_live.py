@@ -10,9 +10,12 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_the_demo_serves_cheaper_cascades_live(tmp_path, hybridserve_family):
+def test_the_demo_serves_cheaper_cascades_live(tmp_path, monkeypatch, hybridserve_family):
     from scheduler_sidecar.cli import main
+    from scheduler_sidecar.experiments import hybridserve_demo
+    from scheduler_sidecar.systems.hybridserve.energy import CPU_MODEL
 
+    monkeypatch.setattr(hybridserve_demo, "nvml_meter", lambda: None)  # the same on a host with GPUs
     out = tmp_path / "demo"
     assert main(["demo", "hybridserve", "--warmup-s", "3", "--saturate-s", "6", "--duration-s", "3",
                  "--rate-qps", "200", "--build-dir", str(hybridserve_family.folder.parent), "--out", str(out)]) == 0
@@ -20,12 +23,15 @@ def test_the_demo_serves_cheaper_cascades_live(tmp_path, hybridserve_family):
         modes = {r["mode"]: r for r in csv.DictReader(f)}
     cost = {m: float(r["worker_ms_per_request"]) for m, r in modes.items()}
     assert cost["eo"] < cost["ap"] < cost["largest"]  # measured worker-seconds per request, from Triton
+    assert {r["energy_source"] for r in modes.values()} == {CPU_MODEL}
     energy = {m: float(r["energy_mj_per_request"]) for m, r in modes.items()}
-    assert energy["eo"] < energy["ap"] < energy["largest"]  # no GPU here: the CPU power model's
-    for mode in ("ap", "eo"):
-        # the cascade serves at least 0.8 of the throughput the cost model predicts for its deployed instances
-        assert float(modes[mode]["throughput_vs_largest"]) > 1.0
-        assert float(modes[mode]["measured_over_replicas"]) >= 0.8
+    assert energy["eo"] < energy["ap"] < energy["largest"]
+    for mode, r in modes.items():
+        # each serves at least 0.8 of what the cost model predicts for its deployed instances, and so does the
+        # cascade's gain over the largest model alone
+        assert float(r["throughput_rps"]) >= 0.8 * float(r["capacity_rps"])
+        if mode != "largest":
+            assert float(r["throughput_vs_largest"]) > 1.0 and float(r["measured_over_replicas"]) >= 0.8
     with open(out / "replay.csv") as f:
         replays = list(csv.DictReader(f))
     for r in replays:

@@ -1,14 +1,18 @@
 """HybridServe in the simulator: escalations as follow-up queries on the next model's workers, replicas R ∝ ρl
-against the same instances spread uniformly, the SLO extension, and ``accscale reproduce hybridserve --json``."""
+against the same instances spread uniformly, the capacity the replicas give, the SLO extension, and
+``accscale reproduce hybridserve --json``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
 from loadtest.traces import gamma
+from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Predictions
+from scheduler_sidecar.systems.hybridserve.placement import BALANCED, NEAREST, replicas
 from scheduler_sidecar.systems.hybridserve.planner import operating_points
 from scheduler_sidecar.systems.hybridserve.simulation import simulate
 
@@ -38,18 +42,49 @@ def test_the_simulated_cascade_answers_as_the_offline_one_under_light_load(hybri
     assert abs(sum(run.answered) - 1.0) < 1e-9
 
 
-def test_replicas_in_proportion_to_work_keep_queues_short_where_uniform_ones_do_not(hybridserve_family, points):
-    family, ap = hybridserve_family, points["ap"]
-    planned = ap.replicas(family, 8)
+def _largest_heavy(family):
+    """A cascade whose largest model does most of the work, whatever machine trained and profiled ``family``: its
+    models' latency curves scaled to costs of the ratios of the paper's ViT family, and confidences drawn at random
+    so that REACH of the requests reach each model. (The family's own AP sends as little as 7% of the requests to
+    the largest model on one machine and 24% on another: there, uniform replicas serve about as well.)"""
+    family = dataclasses.replace(family, models=tuple(
+        dataclasses.replace(m, cost_s=c, latency=m.latency.scaled(c / m.cost_s)) for m, c in zip(family.models, COSTS)))
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 10, 2000)
+    preds = Predictions(np.tile(truth, (len(COSTS), 1)), rng.uniform(size=(len(COSTS), len(truth))), truth)
+    return family, preds, Cascade(tuple(family.names), THRESHOLDS)
+
+
+COSTS = (1e-6, 2.5e-6, 3e-6, 17e-6)  # worker-seconds per request at a full batch
+REACH = (1.0, 0.5, 0.4, 0.3)
+THRESHOLDS = (0.5, 0.8, 0.75)  # confidences uniform on [0, 1): each threshold is the share that goes on
+
+
+def test_replicas_in_proportion_to_work_keep_queues_short_where_uniform_ones_do_not(hybridserve_family):
+    family, preds, cascade = _largest_heavy(hybridserve_family)
+    planned = replicas(REACH, COSTS, 8)
     assert sum(planned) <= 8 and planned[-1] == max(planned)  # the largest model does the most work
-    run = _run(family, ap, planned, 5000.0)
-    uniform = _run(family, ap, (2, 2, 2, 2), 5000.0)
+    arrival_us = np.round(gamma(5000.0, 4.0, 5.0, seed=3).arrival_s * 1e6).astype(np.int64)
+    run, uniform = (simulate(family, cascade, r, preds, arrival_us, 150.0, slowdown=SLOWDOWN)
+                    for r in (planned, (2, 2, 2, 2)))
+    np.testing.assert_allclose(run.reach, REACH, atol=0.05)
     assert run.violation_ratio < 0.01
     assert uniform.violation_ratio > 0.03
     # uniform replicas leave the largest model the bottleneck: requests queue there, far longer than anywhere
     # with the planned replicas
     assert int(np.argmax(uniform.mean_wait_ms)) == len(planned) - 1
     assert max(uniform.mean_wait_ms) > 5 * max(run.mean_wait_ms)
+
+
+def test_capacity_is_the_busiest_models_and_balanced_replicas_approach_exact_proportions(hybridserve_family, points):
+    family = hybridserve_family
+    for point in (points["ap"], points["eo"]):
+        ideal = 16 / point.batched_cost(family)  # every model as busy: the budget over the work per request
+        nearest, balanced = (point.capacity_rps(family, point.replicas(family, 16, rounding=r))
+                             for r in (NEAREST, BALANCED))
+        assert nearest <= balanced <= ideal * (1 + 1e-9)
+        big = point.replicas(family, 4000, rounding=BALANCED)
+        assert point.capacity_rps(family, big) == pytest.approx(4000 / point.batched_cost(family), rel=0.01)
 
 
 def test_a_tight_slo_answers_early_instead_of_missing_it(hybridserve_family, points):

@@ -11,9 +11,10 @@ Then, for the largest model alone, AP and EO in turn:
 2. saturation: ``--clients`` closed-loop clients send batches of 32 test images straight to Triton (the BLS, or
    the largest model alone); throughput over ``--saturate-s`` after ``--warmup-s``, and worker-seconds per request
    from Triton's statistics (the models' busy time, their emulated sleep included, over the requests answered).
-   Two cost models predict the throughput ratio against the largest alone: Algorithm 1's e_n / Σρe (every model
-   at full batches) and the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32 (§V-C;
-   :meth:`OperatingPoint.batched_cost`);
+   and energy per request. Three predictions of the throughput against the largest alone: Algorithm 1's
+   e_n / Σρe (every model at full batches), the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32
+   (§V-C; :meth:`OperatingPoint.batched_cost`), both with replicas in exact proportion to the work, and the
+   deployed instances' (:meth:`OperatingPoint.capacity_rps`, the busiest model's capacity);
 3. replay: the sidecar in front (the cascade a logical model with an SLO, policy ``cascade``, the mode's plan
    file), a bursty trace of single images (gamma, CV² 4) at ``--rate-qps`` for ``--duration-s`` with
    ``tritonclient``: met, late, refused, accuracy, the share each model answered, and answers given early because
@@ -85,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / time.strftime("hybridserve-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     family = Family.load(build(args.build_dir / "hybridserve"))
-    args.slowdown = args.slowdown or LARGEST_BATCH_MS / family.models[-1].latency.p50_at(ROWS)
+    # a derived factor under 1 (a machine slower than the default device) runs the models as they are
+    args.slowdown = args.slowdown or max(1.0, LARGEST_BATCH_MS / family.models[-1].latency.p50_at(ROWS))
+    period_s = args.slowdown * family.models[-1].latency.p50_at(ROWS) / 1000
     points = operating_points(family)
     temperatures = {m.name: m.temperature for m in family.models}
     exec_ms = {m.name: m.latency.p50_ms[0] * args.slowdown for m in family.models}
@@ -93,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     repository.write_cascade(repo, BLS, points["ap"].cascade.plan(temperatures, exec_ms), family.names,
                              max_batch_size=ROWS, instances=BLS_INSTANCES)
     images, labels = family.images("test")
-    meter = nvml_meter()
+    # an emulated device sleeps most of each batch: GPUs would read idle power, so its energy is the power model's
+    meter = nvml_meter() if args.slowdown == 1 else None
     modes, replays = [], []
     with TritonServer(repository=repo, models=[*family.names, BLS], emulate_slowdown=args.slowdown) as triton:
         for mode in MODES:
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             target = family.names[-1] if mode == "largest" else BLS
             params = {} if mode == "largest" else {"cascade_plan": plan_file.read_text()}
             measured = asyncio.run(_saturate(triton.grpc_url, target, point.cascade.models, images, params, meter,
-                                             args))
+                                             period_s, args))
             modes.append({"mode": mode, "instances": " ".join(map(str, replicas)),
                           "alg1_cost_us": round(1e6 * point.validation.cost, 3),
                           "batched_cost_us": round(1e6 * point.batched_cost(family, ROWS), 3),
@@ -148,17 +152,18 @@ async def _busy_s(client, models: tuple[str, ...]) -> float:
 
 
 async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.ndarray, params: dict,
-                    meter: NvmlMeter | None, args) -> dict:
-    """Closed-loop clients send batches of ROWS images for ``--warmup-s`` plus ``--saturate-s``, then stop.
+                    meter: NvmlMeter | None, period_s: float, args) -> dict:
+    """Closed-loop clients, started one after another over the first half of ``--warmup-s``, send batches of ROWS
+    images until the measured window after the warm-up has passed, then stop.
 
-    The models run fixed-time batches (emulated), so clients that started together would stay in step, their
-    answers coming in waves (16 instances of the largest model answering 16 batches at once) that a window
-    counts whole or not at all: the clients start one after another over the first half of the warm-up, and the
-    throughput is the least-squares slope of the answers counted against their times within the window after
-    the warm-up (a count between the window's edges would still be off by part of a wave). Worker-seconds per
-    request are the models' busy time over every request of the run: nothing is in flight before the first or
-    after the last, so each request's work is counted once. Energy per request likewise: the GPUs' where ``meter``
-    reads them, else the CPU power model's for the busy time (:mod:`~scheduler_sidecar.systems.hybridserve.energy`)."""
+    Throughput is the answers within the window over its length; the drain after it is not counted, where the
+    cascade's models fall idle one after another while the largest alone stays busy. The window is a whole number
+    of ``period_s``, the largest model's batch time (at least one, about ``--saturate-s``): its instances run
+    fixed-time batches back to back and answer in clumps, once a period each, so a window of whole periods counts
+    each of them the same number of times wherever it starts. Worker-seconds per request are the models' busy
+    time over every request of the run: nothing is in flight before the first or after the last, so each
+    request's work is counted once. Energy per request likewise: the GPUs' where ``meter`` reads them, else the
+    CPU power model's for the busy time (:mod:`~scheduler_sidecar.systems.hybridserve.energy`)."""
     import tritonclient.grpc.aio as aioclient
 
     output = "LOGITS" if target in models and len(models) == 1 else "LABEL"
@@ -177,20 +182,18 @@ async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.n
                 answers.append(time.monotonic())
                 i += ROWS * args.clients
 
+        window_s = period_s * max(1, round(args.saturate_s / period_s))
         joules, busy, start = meter.joules() if meter else 0.0, await _busy_s(client, models), time.monotonic()
         clients = asyncio.gather(*(loop(k) for k in range(args.clients)))
-        await asyncio.sleep(args.warmup_s + args.saturate_s)
+        await asyncio.sleep(args.warmup_s + window_s)
         running = False
         await clients
         busy = await _busy_s(client, models) - busy
         joules = meter.joules() - joules if meter else 0.0
     times = np.array(answers) - start
-    window = times[(times >= args.warmup_s) & (times <= args.warmup_s + args.saturate_s)]
-    if len(window) < 2 or window[-1] == window[0]:
-        raise RuntimeError(f"{target}: fewer than two answer times in the measured window; lengthen --saturate-s")
-    rows_per_s = np.polyfit(window, ROWS * np.arange(1, len(window) + 1), 1)[0]
+    in_window = np.count_nonzero((times > args.warmup_s) & (times <= args.warmup_s + window_s))
     energy_mj, source = per_request_mj(meter, joules, busy, ROWS * len(answers))
-    return {"throughput_rps": round(float(rows_per_s), 1),
+    return {"throughput_rps": round(ROWS * in_window / window_s, 1),
             "worker_ms_per_request": round(1000 * busy / (ROWS * len(answers)), 4),
             "energy_mj_per_request": round(energy_mj, 3), "energy_source": source}
 
@@ -278,7 +281,7 @@ def _write(out: Path, modes: list[dict], replays: list[dict], family, points, ar
         "## Saturation (straight to Triton)\n\n" + markdown_table(modes, list(modes[0])),
         "Predicted throughput ratios against the largest alone: `alg1` from Algorithm 1's cost (full batches "
         "everywhere), `batched` from each model's share of a batch, both as if replicas were exactly proportional "
-        "to the work; `replicas` from the deployed instance counts (`capacity_rps`, the slowest model's).",
+        "to the work; `replicas` from the deployed instance counts (`capacity_rps`, the busiest model's).",
         "## Replay (behind the sidecar)\n\n" + markdown_table(replays, list(replays[0])),
     ]) + "\n"
     (out / "summary.md").write_text(summary)

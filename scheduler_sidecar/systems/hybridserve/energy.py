@@ -1,9 +1,9 @@
-"""Energy per request. §VI-C measures GPU energy with NVML; where there is a GPU, so do we (:class:`NvmlMeter`, the
-GPUs' cumulative energy counters, which the driver keeps whatever runs on them). Where there is none, energy is
-worker-seconds times ``CPU_WATTS_PER_BUSY_CORE``, a documented power model: a server CPU's package power over its
-cores at full load, about 10 W per busy core (e.g. a 150 W, 16-core part). Idle power, which the paper's metric
-includes, is left out of the model, so its ratios between modes are those of compute, not the paper's system-level
-Table V; NVML's counters include the GPUs' idle power, as the paper's do.
+"""Energy per request. §VI-C measures GPU energy with NVML; where the models run on GPUs, so do we (:class:`NvmlMeter`,
+the cumulative energy counters of every GPU the host has, which the driver keeps whatever runs on them). Elsewhere,
+energy is worker-seconds times ``CPU_WATTS_PER_BUSY_CORE``, a documented power model: a server CPU's package power
+over its cores at full load, about 10 W per busy core (e.g. a 150 W, 16-core part). Idle power, which the paper's
+metric includes, is left out of the model, so its ratios between modes are those of compute, not the paper's
+system-level Table V; NVML's counters include the GPUs' idle power, as the paper's do.
 """
 
 from __future__ import annotations

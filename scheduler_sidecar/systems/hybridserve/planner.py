@@ -45,8 +45,8 @@ class OperatingPoint:
 
     def capacity_rps(self, family: Family, replicas: tuple[int, ...], batch: int | None = None) -> float:
         """Requests per second the cascade keeps up with on ``replicas`` instances per model, each model's work per
-        request ρ_i l_i as in :meth:`batched_cost`: the slowest model's R_i / (ρ_i l_i). With replicas in exact
-        proportion to the work it is the budget over :meth:`batched_cost`; rounding them leaves one model short."""
+        request ρ_i l_i as in :meth:`batched_cost`: the busiest model's R_i / (ρ_i l_i), the bottleneck. With
+        replicas in exact proportion to the work every model is as busy, and it is Σ R_i / :meth:`batched_cost`."""
         work = self.validation.reach * self.service_s(family, batch)
         reached = work > 0
         return float(np.min(np.asarray(replicas)[reached] / work[reached]))

@@ -65,7 +65,7 @@ def register(papers: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds", type=float, default=20.0, help="the replay's length (default: 20)")
     p.add_argument("--slo-ms", type=float, default=150.0, help="every request's SLO in the replay (default: 150)")
     p.add_argument("--slowdown", type=float, default=100.0,
-                   help="model latency in the replay, times the measured (default: 100, as the live demo)")
+                   help="model latency in the replay, times the measured: an emulated slower device (default: 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
     p.add_argument("--out", type=Path, default=Path("runs/hybridserve"), help="output folder")
