@@ -44,8 +44,9 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.add_argument("--burst-qps", type=float, default=150.0,
                    help="frames per second in the middle third (default: 150)")
     p.add_argument("--slo-ms", type=float, default=200.0, help="every frame's SLO (default: 200)")
-    p.add_argument("--slowdown", type=float, default=100.0,
-                   help="the emulated device: stage models run this many times slower (default: 100)")
+    p.add_argument("--slowdown", type=float,
+                   help="the emulated device: stage models run this many times slower (default: slow enough that "
+                        "one frame's slowest path takes half the SLO, whatever this machine's speed)")
     p.add_argument("--instances", type=int, default=3,
                    help="replicas the resource manager places: Triton instances of the stage models (default: 3, "
                         "one per task, so a burst is met by accuracy scaling)")
@@ -56,9 +57,11 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def deploy(folder: Path, slo_ms: float, slowdown: float, instances: int) -> tuple[Path, Path, list[str]]:
+def deploy(folder: Path, slo_ms: float, slowdown: float | None,
+           instances: int) -> tuple[Path, Path, list[str], float]:
     """Build the pipeline (cached), write its BLS model with a first plan, and the logical model's profile:
-    (loki.json, the profile's path, the stage models)."""
+    (loki.json, the profile's path, the stage models, the slowdown: ``slowdown``, or where None the factor that
+    makes one frame's slowest path take half of ``slo_ms``)."""
     from export import repository
     from export.loki_models import build
     from scheduler_sidecar.core.plan import Demand
@@ -68,21 +71,29 @@ def deploy(folder: Path, slo_ms: float, slowdown: float, instances: int) -> tupl
     from scheduler_sidecar.systems.loki.planner import LokiConfig
 
     stamp = build(folder)
-    pipeline = trained(stamp).scaled(slowdown)
+    measured = trained(stamp)
+    slowdown = slowdown or max(1.0, slo_ms / 2 / _slowest_path_ms(measured)[0])
+    pipeline = measured.scaled(slowdown)
     models = [v.id for t in pipeline.tasks for v in t.variants]
     planner = LivePlanner(pipeline, instances, LokiConfig(min_demand_qps=1.0), )
     first = planner.plan(0, Demand(0, 1, {})).detail.bls
     repository.write_loki_pipeline(folder / "repository", BLS, first, models, instances=BLS_INSTANCES)
-    # the whole pipeline as one variant, for the sidecar's admission and queue: its slowest path, batch b frames
-    root = pipeline.root
-    batches = root.top.latency.batch_sizes
-    ms = tuple(max(v.latency.p50_ms[i] for v in root.variants) + max(
-        v.latency.p50_at(min(batches[-1], b * 4)) for t in pipeline.tasks[1:] for v in t.variants)
-        for i, b in enumerate(batches))
+    # the whole pipeline as one variant, for the sidecar's admission and queue
+    batches, ms = pipeline.root.top.latency.batch_sizes, _slowest_path_ms(pipeline)
     profile = folder / "pipeline-profile.json"
     Profile("loki-pipeline", f"{stamp} x{slowdown:g}", (Variant("pipeline", 1.0, Actuation("pipeline", BLS, path=tuple(t.name for t in pipeline.tasks)),
                                                                  {"cpu": LatencyCurve(batches, ms, ms)}),)).save(profile)
-    return stamp, profile, models
+    return stamp, profile, models, slowdown
+
+
+def _slowest_path_ms(pipeline) -> tuple[float, ...]:
+    """The pipeline's slowest path at each of the detector's profiled batch sizes b: its slowest variant, then the
+    slowest classifier over 4 crops a frame."""
+    root = pipeline.root
+    batches = root.top.latency.batch_sizes
+    return tuple(max(v.latency.p50_ms[i] for v in root.variants) + max(
+        v.latency.p50_at(min(batches[-1], b * 4)) for t in pipeline.tasks[1:] for v in t.variants)
+        for i, b in enumerate(batches))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / time.strftime("loki-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     folder = args.build_dir / "loki-demo"
-    stamp, profile, models = deploy(folder, args.slo_ms, args.slowdown, args.instances)
+    stamp, profile, models, args.slowdown = deploy(folder, args.slo_ms, args.slowdown, args.instances)
     measured = json.loads(stamp.read_text())
     for model in models:
         print(f"{model:<20} accuracy {100 * measured['accuracy'][model]:.1f}%")
