@@ -10,7 +10,7 @@ Then, for the largest model alone, AP and EO in turn:
    ``--replicas`` says, set as Triton instance counts (a reload with a config override);
 2. saturation: ``--clients`` closed-loop clients send batches of 32 test images straight to Triton (the BLS, or
    the largest model alone); throughput over ``--saturate-s`` after ``--warmup-s``, and worker-seconds per request
-   from Triton's statistics (the models' busy time, their emulated sleep included, over the requests answered).
+   from Triton's statistics (the models' busy time, their emulated sleep included, over the requests answered),
    and energy per request. Three predictions of the throughput against the largest alone: Algorithm 1's
    e_n / Σρe (every model at full batches), the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32
    (§V-C; :meth:`OperatingPoint.batched_cost`), both with replicas in exact proportion to the work, and the
@@ -41,7 +41,7 @@ from scheduler_sidecar.systems.hybridserve.placement import BALANCED, NEAREST
 MODEL = "digits-cascade"  # the logical model clients call
 BLS = "cascade"
 # cascade batches in flight at once: a BLS instance holds its batch through every hop, so four per model instance,
-# that the bottleneck model seldom waits for one
+# so that the bottleneck model seldom waits for one
 BLS_INSTANCES = 64
 # the default emulated device: long beside a BLS hop, short beside a measured window, and slow enough that the largest
 # model alone cannot keep up with a replay this machine's two cores can send through the sidecar
