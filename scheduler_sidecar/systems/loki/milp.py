@@ -225,6 +225,8 @@ def enumerate_plans(pipeline: Pipeline, demand_qps: float, workers: int, *,
                     fewest = sum(counts) if fewest is None else min(fewest, sum(counts))
             if sum(counts) < workers:
                 continue  # one more replica of a used variant serves at least as well: only full clusters
+            if max(pipeline.accuracy(path) for path in ok) <= best:
+                continue  # the LP's value is a mix of these paths' accuracies: it cannot beat the best so far
             # LP: max sum Â c  s.t.  sum c = 1, per-variant load <= capacity
             rows, rhs = [], []
             for i in used:
