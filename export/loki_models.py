@@ -56,7 +56,9 @@ class Recipe:
         return hashlib.sha256(json.dumps({**self.__dict__, "version": 2}, sort_keys=True).encode()).hexdigest()
 
 
-TEST_RECIPE = Recipe(train_scenes=400, heldout_scenes=120, detector_epochs=3, classifier_epochs=2, repeats=3)
+# small: a build in seconds rather than minutes, a few points less accurate (tests, a first look)
+RECIPES = {"full": Recipe(),
+           "small": Recipe(train_scenes=400, heldout_scenes=120, detector_epochs=3, classifier_epochs=2)}
 
 
 # ---------------------------------------------------------------------- networks

@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from export import repository
-from export.loki_models import TEST_RECIPE, build
+from export.loki_models import RECIPES, build
 from export.scenes import generate
 from python_backend.pipeline import crops, decode, read_answers
 from python_backend.runners import MODEL_FILE, make_session
@@ -34,7 +34,7 @@ PLAN = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("loki")
-    build(folder, TEST_RECIPE)
+    build(folder, RECIPES["small"])
     repo = folder / "repository"
     repository.write_loki_pipeline(repo, BLS, PLAN, MODELS, scripted_delays=True)
     with TritonServer(repository=repo) as triton:

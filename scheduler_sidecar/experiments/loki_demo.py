@@ -52,25 +52,28 @@ def register(demos: argparse._SubParsersAction) -> None:
                         "one per task, so a burst is met by accuracy scaling)")
     p.add_argument("--headroom", type=float, default=1.0, help="capacity planned per frame of demand (default: 1)")
     p.add_argument("--period-s", type=float, default=5.0, help="the resource manager's period (default: 5)")
+    p.add_argument("--recipe", choices=("full", "small"), default="full",
+                   help="how the stage models are trained: small builds in seconds, a few points less accurate "
+                        "(default: full)")
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
     p.add_argument("--out", type=Path, help="where the results go (default: runs/loki-demo-<time>)")
     p.set_defaults(func=run)
 
 
-def deploy(folder: Path, slo_ms: float, slowdown: float | None,
-           instances: int) -> tuple[Path, Path, list[str], float]:
-    """Build the pipeline (cached), write its BLS model with a first plan, and the logical model's profile:
+def deploy(folder: Path, slo_ms: float, slowdown: float | None, instances: int,
+           recipe: str) -> tuple[Path, Path, list[str], float]:
+    """Build the pipeline with ``recipe`` (cached), write its BLS model with a first plan, and the logical model's profile:
     (loki.json, the profile's path, the stage models, the slowdown: ``slowdown``, or where None the factor that
     makes one frame's slowest path take half of ``slo_ms``)."""
     from export import repository
-    from export.loki_models import build
+    from export.loki_models import RECIPES, build
     from scheduler_sidecar.core.plan import Demand
     from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
     from scheduler_sidecar.systems.loki.data import trained
     from scheduler_sidecar.systems.loki.live import LivePlanner
     from scheduler_sidecar.systems.loki.planner import LokiConfig
 
-    stamp = build(folder)
+    stamp = build(folder, RECIPES[recipe])
     measured = trained(stamp)
     slowdown = slowdown or max(1.0, slo_ms / 2 / _slowest_path_ms(measured)[0])
     pipeline = measured.scaled(slowdown)
@@ -104,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or Path("runs") / time.strftime("loki-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    folder = args.build_dir / "loki-demo"
-    stamp, profile, models, args.slowdown = deploy(folder, args.slo_ms, args.slowdown, args.instances)
+    folder = args.build_dir / ("loki-demo" if args.recipe == "full" else f"loki-demo-{args.recipe}")
+    stamp, profile, models, args.slowdown = deploy(folder, args.slo_ms, args.slowdown, args.instances, args.recipe)
     measured = json.loads(stamp.read_text())
     for model in models:
         print(f"{model:<20} accuracy {100 * measured['accuracy'][model]:.1f}%")
