@@ -34,17 +34,17 @@ def confidence(logits: np.ndarray, temperature: float, power: float = CONFIDENCE
 def route(i: int, conf: np.ndarray, thresholds: np.ndarray, last: int, skip: bool) -> np.ndarray:
     """Where the samples at model ``i`` with confidences ``conf`` go: ANSWER, or the index of the next model.
 
-    ``thresholds`` is model ``i``'s threshold, one per sample or one for all (a scalar array); ``last`` is the last
+    ``thresholds`` is model ``i``'s threshold, one per sample or one for all (a scalar array), or anything that
+    broadcasts against ``conf`` (the offline evaluator's [K, 1] against [K, N] or [N]); ``last`` is the last
     model's index.
     """
-    t = np.broadcast_to(np.asarray(thresholds, dtype=np.float64), conf.shape)
+    t = np.asarray(thresholds, dtype=np.float64)
     if i == last:
-        return np.full(conf.shape, ANSWER)
+        return np.full(np.broadcast_shapes(conf.shape, t.shape), ANSWER)
     successors = last - i
+    onward: np.ndarray | int = i + 1
     if skip and successors > 1:
         width = np.where(t > 0, t / successors, 1.0)
         bin_ = np.clip(np.floor(conf / width), 0, successors - 1).astype(int)  # 0: just above 0, top: below t_i
         onward = last - bin_
-    else:
-        onward = np.full(conf.shape, i + 1)
     return np.where(conf >= t, ANSWER, onward)

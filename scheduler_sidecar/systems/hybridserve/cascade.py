@@ -83,8 +83,10 @@ def evaluate(preds: Predictions, thresholds: np.ndarray, costs: np.ndarray, skip
     accuracy = correct.mean(axis=1)
     answered = np.stack([(by == i).mean(axis=1) for i in range(preds.models)], axis=1)
     cost = reach @ np.asarray(costs, dtype=np.float64)
-    return [Outcome(tuple(map(float, t[k])), float(accuracy[k]), tuple(map(float, reach[k])),
-                    tuple(map(float, answered[k])), float(cost[k])) for k in range(len(t))]
+    # tolist() makes the Python floats in one call per array, not one per element
+    return [Outcome(tuple(tk), ak, tuple(rk), tuple(qk), ck)
+            for tk, ak, rk, qk, ck in zip(t.tolist(), accuracy.tolist(), reach.tolist(), answered.tolist(),
+                                          cost.tolist())]
 
 
 def _walk(preds: Predictions, t: np.ndarray, skip: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -92,17 +94,17 @@ def _walk(preds: Predictions, t: np.ndarray, skip: bool) -> tuple[np.ndarray, np
     n, samples = preds.conf.shape
     if t.shape[1] != n - 1:
         raise ValueError(f"a cascade of {n} models takes {n - 1} thresholds, got {t.shape[1]}")
-    at = np.zeros((len(t), samples), dtype=int)
-    by = np.full((len(t), samples), ANSWER)
-    reach = np.zeros((len(t), n))
+    # int8 and in-place updates: the walk is memory-bound over K x N, and a cascade has far fewer than 127 models
+    at = np.zeros((len(t), samples), dtype=np.int8)  # the model each sample is at (ANSWER once answered)
+    by = np.full((len(t), samples), ANSWER, dtype=np.int8)
+    reach = np.empty((len(t), n))
     for i in range(n):
         here = at == i
-        reach[:, i] = here.mean(axis=1)
+        reach[:, i] = np.count_nonzero(here, axis=1) / samples
         threshold = t[:, i, None] if i < n - 1 else np.zeros((len(t), 1))
-        nxt = route(i, np.broadcast_to(preds.conf[i], here.shape), threshold, n - 1, skip)
-        done = here & (nxt == ANSWER)
-        by[done] = i
-        at = np.where(here & ~done, nxt, at)
+        nxt = route(i, preds.conf[i], threshold, n - 1, skip)
+        np.copyto(by, i, where=here & (nxt == ANSWER))
+        np.copyto(at, nxt, where=here, casting="unsafe")
     return by, reach
 
 
