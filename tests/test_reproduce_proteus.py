@@ -15,7 +15,7 @@ from scheduler_sidecar.systems.proteus.systems import ABLATIONS, SYSTEMS
 @pytest.mark.slow
 def test_reproduce_proteus_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "proteus"
-    assert main(["reproduce", "proteus", "--seconds", "20", "--fig6-s", "4", "--out", str(out), "--json"]) == 0
+    assert main(["reproduce", "proteus", "--seconds", "10", "--fig6-s", "2", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for name in ("fig4.csv", "fig6.csv", "fig7.csv", "fig4.png", "fig6.png", "fig7.png", "summary.md"):
         assert (out / name).stat().st_size > 0
