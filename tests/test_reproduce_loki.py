@@ -15,8 +15,8 @@ from scheduler_sidecar.systems.loki.systems import ABLATIONS, SYSTEMS
 @pytest.mark.slow
 def test_reproduce_loki_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "loki"
-    assert main(["reproduce", "loki", "--seconds", "20", "--fig1-step", "150", "--capacity-s", "4",
-                 "--levels", "40,150,300", "--fig7-s", "3", "--fig7-seeds", "1", "--out", str(out), "--json"]) == 0
+    assert main(["reproduce", "loki", "--seconds", "10", "--fig1-step", "150", "--capacity-s", "4",
+                 "--levels", "40,150,300", "--fig7-s", "2", "--fig7-seeds", "1", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for name in ("fig1.csv", "fig5.csv", "fig7.csv", "fig1.png", "fig5.png", "fig7.png", "summary.md"):
         assert (out / name).stat().st_size > 0
