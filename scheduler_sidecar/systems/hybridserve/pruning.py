@@ -43,7 +43,10 @@ class Pruned:
         return result.ap if mode == "ap" else result.eo
 
 
-def prune(preds: Predictions, costs: np.ndarray, mode: str = "ap", config: SearchConfig = DEFAULT_SEARCH) -> Pruned:
+def prune(preds: Predictions, costs: np.ndarray, mode: str = "ap", config: SearchConfig = DEFAULT_SEARCH,
+          searched: SearchResult | None = None) -> Pruned:
+    """``searched``: Algorithm 1's result on all of ``preds`` with ``config``, where the caller has it already (the
+    first round's search, which is then not repeated)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     costs = np.asarray(costs, dtype=np.float64)
@@ -51,7 +54,8 @@ def prune(preds: Predictions, costs: np.ndarray, mode: str = "ap", config: Searc
     removed: list[Removal] = []
     before, seeds = None, None
     while True:
-        result = search(preds.subset(kept), costs[kept], config=config, seeds=seeds)
+        result = searched if before is None and searched is not None else search(
+            preds.subset(kept), costs[kept], config=config, seeds=seeds)
         point = result.ap if mode == "ap" else result.eo
         if before is None:
             before = point
