@@ -4,6 +4,7 @@ against the same instances spread uniformly, the capacity the replicas give, the
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 
@@ -109,5 +110,7 @@ def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
     assert out["ap"]["share_per_model"][hybridserve_family.names[0]] == 1.0
     for name in ("family", "modes", "pruning", "replay", "prototype"):
         assert (tmp_path / f"{name}.csv").exists()
+    with open(tmp_path / "placement.csv") as f:  # the emulated device is sized to the family: the placement fits
+        assert {r["status"] for r in csv.DictReader(f)} <= {"Optimal", "Feasible"}
     summary = (tmp_path / "summary.md").read_text()
     assert "Table III" in summary and "vit-4" in summary
