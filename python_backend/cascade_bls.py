@@ -22,9 +22,8 @@ An instance holds its batch through every hop, so the cascade's concurrency is i
 decoupled model with an ``async def execute``, which would keep many batches in flight on one instance. Tried at the
 demo's settings (64 clients, models 271x slower), it served no more (AP 1,494-1,564 requests/s against 1,573 for
 64 synchronous instances, both near the 1,595 the model replicas allow), and Triton 2.51's python stub crashed under
-its concurrent BLS calls in about one run
-in four (heap corruption in ``InferRequest::LoadFromSharedMemory``; Triton's python backend also runs at most 32
-BLS calls per instance unless ``thread-pool-size`` is raised).
+its concurrent BLS calls in about one run in four (heap corruption in ``InferRequest::LoadFromSharedMemory``;
+Triton's python backend also runs at most 32 BLS calls per instance unless ``thread-pool-size`` is raised).
 """
 
 from __future__ import annotations

@@ -62,9 +62,9 @@ def register(demos: argparse._SubParsersAction) -> None:
 
 def deploy(folder: Path, slo_ms: float, slowdown: float | None, instances: int,
            recipe: str) -> tuple[Path, Path, list[str], float]:
-    """Build the pipeline with ``recipe`` (cached), write its BLS model with a first plan, and the logical model's profile:
-    (loki.json, the profile's path, the stage models, the slowdown: ``slowdown``, or where None the factor that
-    makes one frame's slowest path take half of ``slo_ms``)."""
+    """Build the pipeline with ``recipe`` (cached), write its BLS model with a first plan, and the logical model's
+    profile: (loki.json, the profile's path, the stage models, the slowdown: ``slowdown``, or where None the factor
+    that makes one frame's slowest path take half of ``slo_ms``)."""
     from export import repository
     from export.loki_models import RECIPES, build
     from scheduler_sidecar.core.plan import Demand

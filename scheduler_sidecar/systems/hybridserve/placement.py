@@ -7,11 +7,10 @@ integer". Reconstruction (digest §2.6): R_i = max(1, round(λ ρ_i l_i)) with �
 the instance budget (``NEAREST``, the default). Rounding each model on its own can leave the busiest one an instance
 short, and the cascade keeps up only with its busiest model (on the family built here, EO's 16 instances went 3/7/4/2,
 the largest model short, where 3/6/4/3 served 15% more live). ``BALANCED``, a variant of ours, takes the paper's goal
-rather than its rounding: the
-integer replicas within the budget whose busiest model is least busy (min max ρ_i l_i / R_i), found greedily (each
-next instance to the model busiest per instance, which a brute force confirms in the tests). Partitions S_i are 1:
-every model of our family fits on one device (the paper partitions giant models by GPU memory), so no
-partitioning is implemented.
+rather than its rounding: the integer replicas within the budget whose busiest model is least busy
+(min max ρ_i l_i / R_i), found greedily (each next instance to the model busiest per instance, which a brute force
+confirms in the tests). Partitions S_i are 1: every model of our family fits on one device (the paper partitions
+giant models by GPU memory), so no partitioning is implemented.
 
 **Placement (§V-A, §V-B).** Eq. 2 minimises the transfer cost Σ 𝒯(g, g') x_i^g x_j^{g'}; Eq. 3 puts each instance
 on exactly one device, within the device's memory; Eq. 4 keeps each device's kernel utilisation Σ u <= 1.
