@@ -43,6 +43,11 @@ def test_the_simulated_cascade_answers_as_the_offline_one_under_light_load(hybri
     assert abs(sum(run.answered) - 1.0) < 1e-9
 
 
+COSTS = (1e-6, 2.5e-6, 3e-6, 17e-6)  # worker-seconds per request at a full batch
+REACH = (1.0, 0.5, 0.4, 0.3)
+THRESHOLDS = (0.5, 0.8, 0.75)  # confidences uniform on [0, 1): each threshold is the share that goes on
+
+
 def _largest_heavy(family):
     """A cascade whose largest model does most of the work, whatever machine trained and profiled ``family``: its
     models' latency curves scaled to costs of the ratios of the paper's ViT family, and confidences drawn at random
@@ -54,11 +59,6 @@ def _largest_heavy(family):
     truth = rng.integers(0, 10, 2000)
     preds = Predictions(np.tile(truth, (len(COSTS), 1)), rng.uniform(size=(len(COSTS), len(truth))), truth)
     return family, preds, Cascade(tuple(family.names), THRESHOLDS)
-
-
-COSTS = (1e-6, 2.5e-6, 3e-6, 17e-6)  # worker-seconds per request at a full batch
-REACH = (1.0, 0.5, 0.4, 0.3)
-THRESHOLDS = (0.5, 0.8, 0.75)  # confidences uniform on [0, 1): each threshold is the share that goes on
 
 
 def test_replicas_in_proportion_to_work_keep_queues_short_where_uniform_ones_do_not(hybridserve_family):
