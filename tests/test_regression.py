@@ -1,8 +1,10 @@
 """Pinned simulator results: a restructure of the core must not change any policy's numbers.
 
-Each case runs ``accscale simulate --json`` on a trace generated here with a fixed seed, and
-compares the query counts exactly and attainment and accuracy to 12 significant digits. When
-a deliberate fix changes a number, update the pin in the same commit and say why there.
+Each single-model case runs ``accscale simulate --json`` on a trace generated here with a fixed
+seed, and compares the query counts exactly and attainment and accuracy to 12 significant digits.
+The Proteus and Loki cases run their systems (planner, routing, batching, dropping) on a short
+piece of their published data, with and without lost workers, and compare every metric the same
+way. When a deliberate fix changes a number, update the pin in the same commit and say why there.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import io
 import json
 
+import numpy as np
 import pytest
 
 from loadtest import traces
@@ -31,6 +34,9 @@ PINS = {
     "ramsis": ("ramsis", "rs", [], (712, 693, 19, 0), 0.973314606741573, 0.7556548917748919),
     "jellyfish": ("jellyfish", "rs", [], (712, 709, 3, 0), 0.9957865168539326, 0.7390986177715091),
     "modelswitching": ("modelswitching", "rs", ["--ms-profile-s", "5"], (712, 712, 0, 0), 1.0, 0.7300399999999999),
+    "ramsis-fail": ("ramsis", "rs", ["--fail-at", "2,4"], (712, 652, 60, 0), 0.9157303370786517, 0.7392650306748466),
+    "jellyfish-fail": ("jellyfish", "rs", ["--fail-at", "2,4"], (712, 683, 29, 0), 0.9592696629213483,
+                       0.7384825183016105),
 }
 
 
@@ -58,3 +64,70 @@ def test_simulate_matches_pinned_results(case, trace_args):
     assert (summary["queries"], summary["met"], summary["late"], summary["dropped"]) == counts
     assert summary["slo_attainment"] == pytest.approx(attainment, rel=1e-12)
     assert summary["mean_serving_accuracy"] == pytest.approx(accuracy, rel=1e-12)
+
+
+def proteus_metrics(system: str, **setup) -> dict:
+    """Three of the authors' families on 8 workers of 3 kinds, 30 s of their trace at 4x its rate."""
+    from scheduler_sidecar.systems.proteus import systems as ps
+    from scheduler_sidecar.systems.proteus.data import Counts, load_counts, load_profiles
+
+    profiles, counts = load_profiles(), load_counts()
+    families = ("efficientnet", "mobilenet", "resnet")
+    trace = Counts(families, counts.per_second[:30, [counts.families.index(f) for f in families]] * 4)
+    config = ps.Setup({f: profiles[f] for f in families}, {"cpu": 4, "pascal": 2, "ampere": 2}, 300.0, **setup)
+    return ps.simulate({**ps.SYSTEMS, **ps.ABLATIONS}[system], config, trace).metrics()
+
+
+def loki_metrics(system: str, **setup) -> dict:
+    """The authors' traffic-analysis pipeline on 20 workers, 14 s of frames with a 2x burst in the middle."""
+    from scheduler_sidecar.systems.loki import systems as ls
+    from scheduler_sidecar.systems.loki.data import traffic_analysis
+    from scheduler_sidecar.systems.loki.planner import LokiConfig
+    from scheduler_sidecar.systems.loki.reproduce import poisson_seconds
+
+    arrival_us = poisson_seconds(np.array([100.0] * 5 + [200.0] * 4 + [100.0] * 5), 5)
+    config = ls.Setup(traffic_analysis(), workers=20, config=LokiConfig(period_s=5.0, headroom=1.25), **setup)
+    return ls.metrics(ls.simulate({**ls.SYSTEMS, **ls.ABLATIONS}[system], config, arrival_us,
+                                  initial_demand_qps=100.0, seed=5))
+
+
+# name -> (metrics function, system, setup options, every metric)
+SYSTEM_PINS = {
+    "proteus": (proteus_metrics, "proteus", {}, {
+        "queries": 11868, "violation_ratio": 0.0905797101449275, "dropped": 1075, "late": 0, "rejected": 0,
+        "accuracy": 91.08747969054016, "max_accuracy_drop": 12.90774527872388, "throughput_qps": 359.76666666666665}),
+    "proteus-fail": (proteus_metrics, "proteus", {"fail_at_s": (8.0, 16.0)}, {
+        "queries": 11868, "violation_ratio": 0.10187057633973706, "dropped": 1209, "late": 0, "rejected": 0,
+        "accuracy": 85.31040840604186, "max_accuracy_drop": 20.408873159968408, "throughput_qps": 355.3}),
+    "proteus-load": (proteus_metrics, "proteus", {"load_ms": 500.0}, {
+        "queries": 11868, "violation_ratio": 0.10667340748230536, "dropped": 1266, "late": 0, "rejected": 0,
+        "accuracy": 91.21514258630448, "max_accuracy_drop": 12.600462892936434, "throughput_qps": 353.4}),
+    "clipper-ha": (proteus_metrics, "clipper-ha", {}, {
+        "queries": 11868, "violation_ratio": 0.649561846983485, "dropped": 4868, "late": 2841, "rejected": 0,
+        "accuracy": 100.0, "max_accuracy_drop": 0.0, "throughput_qps": 138.63333333333333}),
+    "infaas-accuracy": (proteus_metrics, "infaas-accuracy", {}, {
+        "queries": 11868, "violation_ratio": 0.1287495786990226, "dropped": 1528, "late": 0, "rejected": 0,
+        "accuracy": 86.09337307543521, "max_accuracy_drop": 18.278036414915334, "throughput_qps": 344.6666666666667}),
+    "loki": (loki_metrics, "loki", {}, {
+        "frames": 1850, "violation_ratio": 0.4221621621621622, "dropped_frames": 781, "accuracy": 99.57356669638887,
+        "query_violation_ratio": 0.4188057502932432, "rerouted": 0}),
+    "loki-fail": (loki_metrics, "loki", {"fail_at_s": (4.0, 9.0)}, {
+        "frames": 1850, "violation_ratio": 0.4681081081081081, "dropped_frames": 779, "accuracy": 99.50395419049832,
+        "query_violation_ratio": 0.442647098938869, "rerouted": 0}),
+    "inferline": (loki_metrics, "inferline", {}, {
+        "frames": 1850, "violation_ratio": 0.4713513513513513, "dropped_frames": 0, "accuracy": 99.66362486528988,
+        "query_violation_ratio": 0.46280585940696695, "rerouted": 0}),
+    "proteus-per-task": (loki_metrics, "proteus-per-task", {}, {
+        "frames": 1850, "violation_ratio": 0.08162162162162168, "dropped_frames": 151, "accuracy": 99.4175732499357,
+        "query_violation_ratio": 0.01699570815450646, "rerouted": 0}),
+    "last-task dropping": (loki_metrics, "last-task dropping", {}, {
+        "frames": 1850, "violation_ratio": 0.4145945945945946, "dropped_frames": 767, "accuracy": 99.57146748606894,
+        "query_violation_ratio": 0.40265691917400914, "rerouted": 0}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SYSTEM_PINS))
+def test_systems_match_pinned_results(case):
+    """Proteus and Loki (and the systems they are compared with) give the pinned metrics in the simulator."""
+    metrics, system, setup, pinned = SYSTEM_PINS[case]
+    assert metrics(system, **setup) == pytest.approx(pinned, rel=1e-12)

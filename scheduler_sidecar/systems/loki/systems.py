@@ -57,6 +57,7 @@ class Setup:
     config: LokiConfig = field(default_factory=LokiConfig)
     budget: str = "proportional"  # a task's latency budget (:mod:`.policy`)
     load_ms: float = 0.0  # a variant swap's load time (digest A15; the artifact's: 0)
+    fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
 
 
 class Fanout:
@@ -149,7 +150,7 @@ def simulate(system: System, setup: Setup, arrival_us: np.ndarray, *, initial_de
     """Run ``system`` over frames arriving at ``arrival_us`` (each with the pipeline's SLO)."""
     pipeline = setup.pipeline
     world = World(tuple(SimWorker(DEVICE, resident=frozenset()) for _ in range(setup.workers)), seed=seed,
-                  load_ms=setup.load_ms)
+                  load_ms=setup.load_ms, fail_at_s=setup.fail_at_s)
     slo_us = round(pipeline.slo_ms * 1000)
     fanout = Fanout(pipeline, split_slo=system.planner == "proteus", seed=seed)
     names = [t.name for t in pipeline.tasks]

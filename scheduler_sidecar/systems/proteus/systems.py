@@ -71,6 +71,7 @@ class Setup:
     slo_ms: float
     config: ProteusConfig = field(default_factory=ProteusConfig)
     load_ms: float = 0.0  # model load time (the artifact's: 0)
+    fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
     """Run ``system`` over given queries (``names``: each one's query type); the planner starts from
     ``initial_demand`` (q/s per type)."""
     kinds = [k for k, n in setup.cluster.items() for _ in range(n)]
-    world = World(tuple(SimWorker(k, resident=frozenset()) for k in kinds), seed=seed, load_ms=setup.load_ms)
+    world = World(tuple(SimWorker(k, resident=frozenset()) for k in kinds), seed=seed, load_ms=setup.load_ms,
+                  fail_at_s=setup.fail_at_s)
     families = tuple(families)
     profiles = {f: setup.profiles[f] for f in families}
     allowed = None
