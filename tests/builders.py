@@ -71,6 +71,48 @@ def make_queue(queries) -> object:
     return queue
 
 
+class Routed:
+    """A routing policy's queues kept as the engine keeps them, for tests that call the policy directly."""
+
+    def __init__(self, policy, workers) -> None:
+        from scheduler_sidecar.core.queue import EdfQueue, QueueView, WorkerQueues
+
+        self.policy, self.workers = policy, workers
+        self.queue, self.routes = EdfQueue(), WorkerQueues()
+        self.view = QueueView(self.queue, self.routes)
+
+    def arrive(self, now_us: int, query):
+        """Queue ``query`` where the policy routes it; returns the policy's answer (a worker id, None or DROP)."""
+        from scheduler_sidecar.core.records import DROP
+
+        self.queue.push(query)
+        target = self.policy.route(now_us, query, self.view, self.workers)
+        if target is DROP:
+            self.queue.remove([query.id])
+        else:
+            self.routes.push(query, target)
+        self.policy.observe_arrival(now_us, query)
+        return target
+
+    def decide(self, now_us: int):
+        """The policy's decision, carried out on the queues (not on the workers)."""
+        decision = self.policy.decide(now_us, self.view, self.workers)
+        gone = list(decision.dropped) + [i for d in decision.dispatches for i in d.query_ids]
+        self.queue.remove(gone)
+        self.routes.remove(gone)
+        return decision
+
+
+def decide(policy, queries, workers, now_us: int = 0):
+    """``policy``'s decision on these queued queries (a routing policy's routed first, as the engine does)."""
+    if not policy.routes:
+        return policy.decide(now_us, make_queue(queries).view(), workers)
+    queues = Routed(policy, workers)
+    for q in queries:
+        queues.arrive(q.arrival_us, q)
+    return queues.decide(now_us)
+
+
 def make_workers(n: int = 1, busy: int = 0) -> list:
     """``n`` workers, the first ``busy`` of them running a batch."""
     from scheduler_sidecar.core.records import WorkerState

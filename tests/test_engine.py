@@ -66,8 +66,9 @@ def test_plans_come_at_the_period_and_on_a_demand_jump():
     assert result.summary()["plans"] == len(planner.calls)
 
 
-def test_a_wakeup_asks_the_policy_even_with_an_empty_queue():
-    """A policy that asks to be woken at 5 ms is called then, though no query is queued."""
+def test_a_policy_is_asked_at_its_wakeup_and_never_with_nothing_queued():
+    """A policy that holds its query until 5 ms is asked again then; once the query is served, it is not asked
+    after the batch's completion (its type's queue is empty)."""
     calls = []
 
     class Waker(SlackFit):
@@ -75,8 +76,10 @@ def test_a_wakeup_asks_the_policy_even_with_an_empty_queue():
             calls.append((now_us, len(queue)))
             return Decision(wakeup_us=5_000) if now_us < 5_000 else super().decide(now_us, queue, workers)
 
-    Simulator(Waker(make_profile()), World.uniform(1)).run([0], [1_000_000])
-    assert (5_000, 0) in calls
+    result = Simulator(Waker(make_profile()), World.uniform(1)).run([0], [1_000_000])
+    assert result.summary()["met"] == 1
+    assert calls[0] == (0, 1) and (5_000, 1) in calls
+    assert all(queued for _, queued in calls)
 
 
 class PlaceOnce(Planner):

@@ -8,8 +8,7 @@ import pytest
 
 from scheduler_sidecar.core.plan import Plan
 from scheduler_sidecar.core.profile import LatencyCurve
-from scheduler_sidecar.core.queue import EdfQueue
-from scheduler_sidecar.core.records import Outcome, Query, WorkerState
+from scheduler_sidecar.core.records import DROP, Outcome, Query, WorkerState
 from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.data import traffic_analysis
 from scheduler_sidecar.systems.loki.pipeline import Pipeline, StageVariant, Task
@@ -17,6 +16,7 @@ from scheduler_sidecar.systems.loki.planner import LokiConfig, LokiPlan, LokiPla
 from scheduler_sidecar.systems.loki.policy import DropMode, Hop, LokiTask, Router
 from scheduler_sidecar.systems.loki.routing import FRONTEND, Replica, Routing
 from scheduler_sidecar.systems.loki.systems import ABLATIONS, SYSTEMS, Setup, metrics, simulate
+from tests.builders import Routed
 
 
 def _curve(ms: float) -> LatencyCurve:
@@ -35,29 +35,28 @@ ROUTING = Routing({r.worker_id: r for r in REPLICAS}, {(FRONTEND, "det"): ((0, 1
 WORKERS = [WorkerState(i, device="gpu", resident=frozenset({r.variant})) for i, r in enumerate(REPLICAS)]
 
 
-def _stage(drop: DropMode) -> tuple[LokiTask, EdfQueue]:
+def _stage(drop: DropMode, workers=(WORKERS[1], WORKERS[2])) -> tuple[LokiTask, Routed]:
     router = Router(PIPE, drop, budget="paper")
     task = LokiTask(PIPE, "cls", router, device="gpu")
     task.observe_plan(0, Plan(0, {}, LokiPlan(50.0, milp.Solution("hardware", (), {}, 1.0, 0.9, 0.0), ROUTING)))
     router.hops[7] = Hop(worker_id=0, reached_us=0, budget_us=10_000)  # the parent frame: 10 ms budget at det
-    return task, EdfQueue()
+    return task, Routed(task, list(workers))
 
 
-def _arrive(task: LokiTask, queue: EdfQueue, now_us: int, qid: int = 8) -> tuple[tuple[int, ...], dict[int, int]]:
+def _arrive(task: LokiTask, queues: Routed, now_us: int, qid: int = 8) -> tuple[tuple[int, ...], dict[int, int]]:
+    """A crop of frame 7 arrives at ``now_us``: what was dropped (on arrival or by decide), and where each ran."""
     query = Query(now_us + 50_000, qid, qid, now_us, "cls", parent=7, stage=1)
-    queue.push(query)
-    task.observe_arrival(now_us, query)
-    decision = task.decide(now_us, queue.view(), [WORKERS[1], WORKERS[2]])
-    for qid in decision.dropped + tuple(i for d in decision.dispatches for i in d.query_ids):
-        queue.discard(qid)  # as the engine does
+    if queues.arrive(now_us, query) is DROP:
+        return (qid,), {}
+    decision = queues.decide(now_us)
     return decision.dropped, {i: d.worker_id for d in decision.dispatches for i in d.query_ids}
 
 
 @pytest.mark.parametrize("overrun_ms, expected", [(0, 1), (-3, 1), (10, 2), (15, 2), (15.001, None), (30, None)])
 def test_rerouting_exactly_when_overrun_and_a_backup_fits(overrun_ms: float, expected: int | None) -> None:
     """y = 20 ms on the routed worker, the backup takes 5 ms: rerouted when 0 < x <= 15 ms, dropped beyond."""
-    task, queue = _stage(DropMode.REROUTING)
-    dropped, ran_on = _arrive(task, queue, round((10 + overrun_ms) * 1000))
+    task, queues = _stage(DropMode.REROUTING)
+    dropped, ran_on = _arrive(task, queues, round((10 + overrun_ms) * 1000))
     if expected is None:
         assert dropped == (8,) and not ran_on
     else:
@@ -68,27 +67,26 @@ def test_rerouting_exactly_when_overrun_and_a_backup_fits(overrun_ms: float, exp
 @pytest.mark.parametrize("drop, overrun_ms, dropped", [(DropMode.PER_TASK, 1, True), (DropMode.PER_TASK, 0, False),
                                                        (DropMode.NONE, 50, False), (DropMode.LAST_TASK, 1, False)])
 def test_per_task_drops_every_overrun_and_the_others_none(drop: DropMode, overrun_ms: int, dropped: bool) -> None:
-    task, queue = _stage(drop)
-    gone, ran_on = _arrive(task, queue, (10 + overrun_ms) * 1000)
+    task, queues = _stage(drop)
+    gone, ran_on = _arrive(task, queues, (10 + overrun_ms) * 1000)
     assert (gone == (8,)) is dropped and bool(ran_on) is not dropped
 
 
 def test_last_task_drops_what_can_no_longer_finish() -> None:
-    task, queue = _stage(DropMode.LAST_TASK)
+    task, queues = _stage(DropMode.LAST_TASK, workers=(WORKERS[1],))
     query = Query(30_000 + 19_999, 8, 8, 30_000, "cls", parent=7, stage=1)  # 19.999 ms left, the batch takes 20
-    queue.push(query)
-    task.observe_arrival(30_000, query)
-    assert task.decide(30_000, queue.view(), [WORKERS[1]]).dropped == (8,)
+    assert queues.arrive(30_000, query) == 1
+    assert queues.decide(30_000).dropped == (8,)
 
 
 def test_a_backup_allowance_runs_out_within_a_second() -> None:
-    task, queue = _stage(DropMode.REROUTING)
-    outcomes = [_arrive(task, queue, 11_000 + i, qid=100 + i) for i in range(152)]  # 1 ms over budget
+    task, queues = _stage(DropMode.REROUTING)
+    outcomes = [_arrive(task, queues, 11_000 + i, qid=100 + i) for i in range(152)]  # 1 ms over budget
     rerouted = sum(1 for _, ran in outcomes if 2 in ran.values())
     assert rerouted == 150 and task.router.rerouted == 150  # the backup's 150 q/s of spare capacity
     assert all(dropped for dropped, _ in outcomes[150:])
     task.router.hops[7] = Hop(worker_id=0, reached_us=1_000_000, budget_us=10_000)  # a frame a second later
-    assert _arrive(task, queue, 1_011_000, qid=999)[1] == {999: 2}  # a new second, a new allowance
+    assert _arrive(task, queues, 1_011_000, qid=999)[1] == {999: 2}  # a new second, a new allowance
 
 
 def test_the_controller_replans_on_a_demand_change_and_keeps_workers() -> None:

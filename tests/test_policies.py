@@ -9,7 +9,7 @@ from scheduler_sidecar.systems import POLICIES, make_policy
 from scheduler_sidecar.systems.superserve.baselines import ClipperPlus, Infaas
 from scheduler_sidecar.systems.superserve.greedy import MaxAcc, MaxBatch
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
-from tests.builders import POLICY_OPTIONS, make_profile, make_queries, make_queue, make_workers
+from tests.builders import POLICY_OPTIONS, decide, make_profile, make_queries, make_queue, make_workers
 
 PROFILE = make_profile(n_variants=6, batch_sizes=tuple(range(1, 17)))
 
@@ -62,18 +62,17 @@ def test_expired_queries_are_dropped_by_default_and_served_on_request():
     """late_queries=drop drops heads no option can serve in time; serve runs them with the fastest option."""
     queries = make_queries(n=3, slo_us=500)  # slack 500 us is below every profiled latency
     for name in POLICIES:
-        d = make_policy(name, PROFILE, **POLICY_OPTIONS.get(name, {})).decide(0, make_queue(queries).view(),
-                                                                         make_workers(1))
+        d = decide(make_policy(name, PROFILE, **POLICY_OPTIONS.get(name, {})), queries, make_workers(1))
         assert d.dropped == (0, 1, 2) and not d.dispatches, name
-        d = make_policy(name, PROFILE, late_queries="serve", **POLICY_OPTIONS.get(name, {})).decide(
-            0, make_queue(queries).view(), make_workers(1))
+        d = decide(make_policy(name, PROFILE, late_queries="serve", **POLICY_OPTIONS.get(name, {})), queries,
+                   make_workers(1))
         assert not d.dropped and d.dispatches, name
 
 
 def test_no_free_worker_means_no_decision():
     for name in POLICIES:
         policy = make_policy(name, PROFILE, **POLICY_OPTIONS.get(name, {}))
-        assert policy.decide(0, make_queue(make_queries(4)).view(), make_workers(2, busy=2)).is_empty
+        assert decide(policy, make_queries(4), make_workers(2, busy=2)).is_empty
 
 
 @pytest.mark.parametrize("cls", [MaxAcc, MaxBatch])

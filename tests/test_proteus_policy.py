@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 import pytest
 
+from scheduler_sidecar.core.queue import QueueView
 from scheduler_sidecar.core.records import Outcome, Query
 from scheduler_sidecar.sim.results import OUTCOME_CODES
 from scheduler_sidecar.systems.proteus.batching import Adaptive, Aimd, AimdFull, Nexus, NexusFill, Single
@@ -14,6 +13,7 @@ from scheduler_sidecar.systems.proteus.data import Counts, load_counts, load_pro
 from scheduler_sidecar.systems.proteus.infaas import SLACK, InfaasPlanner
 from scheduler_sidecar.systems.proteus.planner import ProteusConfig, ProteusPlanner
 from scheduler_sidecar.systems.proteus.systems import SYSTEMS, Setup, simulate
+from tests.builders import make_queue
 
 LATENCY = {1: 10_000, 2: 14_000, 3: 18_000, 4: 18_000, 5: 30_000, 6: 30_000, 7: 30_000, 8: 30_000}  # us, padded
 
@@ -22,8 +22,8 @@ def latency(k: int) -> int:
     return LATENCY[k]
 
 
-def queue(*deadlines_ms: float) -> deque[Query]:
-    return deque(Query(round(d * 1000), i, i, 0) for i, d in enumerate(deadlines_ms))
+def queue(*deadlines_ms: float) -> QueueView:
+    return make_queue(Query(round(d * 1000), i, i, 0) for i, d in enumerate(deadlines_ms)).view()
 
 
 def test_a_lone_query_on_an_idle_worker_starts_at_its_deadline_minus_t2():

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from loadtest.traces import poisson
-from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 from scheduler_sidecar.systems import POLICIES, make_policy
@@ -16,7 +15,8 @@ from scheduler_sidecar.systems.ramsis import LATENCY_CSV
 from scheduler_sidecar.systems.ramsis.generate import generate_set
 from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
 from scheduler_sidecar.systems.ramsis.model_table import from_profile, load_summary_csv, to_profile
-from scheduler_sidecar.systems.ramsis.online import LoadMonitor, LoadTable, WorkerQueues
+from scheduler_sidecar.systems.ramsis.online import LoadMonitor, LoadTable, RoundRobin
+from tests.builders import Routed
 
 SLO_MS, K, LOAD_QPS = 150.0, 4, 120.0
 # expectation (§5.1) vs the simulator on a 600 s Poisson trace (72 k queries): accuracy per
@@ -53,16 +53,37 @@ def test_profile_from_the_csv_runs_p95_deterministically(image_profile):
         [table.model_ids.index(m) for m in from_profile(image_profile).model_ids]])
 
 
-def test_round_robin_is_global_over_arrivals_and_skips_dead_slots():
-    """Arrival i goes to slot i mod K; a dead slot is skipped and its queries move to live ones."""
-    wq = WorkerQueues(3)
-    assert [wq.route(q(i, i)) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
-    wq.dead.add(1)
-    assert [wq.route(q(i, i)) for i in range(7, 11)] == [2, 0, 2, 0]
-    wq.evacuate(1)
-    assert not wq.queues[1] and len(wq) == 11
-    taken = wq.take(0, 2)
-    assert [x.id for x in taken] == [0, 3]  # earliest deadlines first
+def test_round_robin_is_global_over_arrivals_and_skips_slots_with_no_worker():
+    """Arrival i goes to slot i mod K; with fewer live workers than K, the slots beyond them are skipped."""
+    balancer = RoundRobin(3)
+    assert [balancer.pick(3) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [balancer.pick(2) for _ in range(4)] == [1, 0, 1, 0]
+    assert balancer.pick(0) is None
+
+
+def test_a_lost_workers_queue_is_routed_again_and_the_others_keep_theirs(image_profile, policy_dir):
+    """In the engine: worker 1 fails while every worker holds a queue; only its queries move, round-robin."""
+    from scheduler_sidecar.core.engine import Engine, QueryType
+
+    class Idle:  # runs nothing, so the queues stay as routed
+        def run_batch(self, batch):
+            pass
+
+        def wake_at(self, time_us):
+            pass
+
+    policy = make_policy("ramsis", image_profile, policy_dir=policy_dir, slo_ms=SLO_MS, workers=K)
+    workers = [WorkerState(i, busy_until_us=10**12) for i in range(K)]  # busy: nothing is dispatched
+    engine = Engine([QueryType("", policy)], workers, Idle(), clock=lambda: 0, on_end=lambda *a: None)
+    for i in range(2 * K):
+        engine.arrive(q(i, 0))
+    routes = engine.types[""].routes
+    before = {w: [x.id for x in routes.view(w).scan()] for w in range(K)}
+    assert before == {w: [w, w + K] for w in range(K)}
+    engine.set_health(1, False)
+    after = {w: [x.id for x in routes.view(w).scan()] for w in range(K)}
+    assert after[1] == [] and sorted(after[0] + after[2] + after[3]) == list(range(2 * K))
+    assert all(set(before[w]) <= set(after[w]) for w in (0, 2, 3))
 
 
 def test_load_monitor_counts_a_sliding_window():
@@ -84,14 +105,13 @@ def test_load_table_picks_the_lowest_load_at_or_above():
 def test_each_worker_looks_up_its_own_queue(image_profile, policy_dir):
     """A free worker's action comes from (its queue length, its head's slack), not the global queue."""
     policy = make_policy("ramsis", image_profile, policy_dir=policy_dir, slo_ms=SLO_MS, workers=K)
-    queue, workers = EdfQueue(), [WorkerState(i) for i in range(K)]
+    workers = [WorkerState(i) for i in range(K)]
+    queues = Routed(policy, workers)
     for i in range(6):  # slots 0 and 1 get two queries each, slots 2 and 3 one each
-        query = q(i, 1000 * i)
-        queue.push(query)
-        policy.observe_arrival(query.arrival_us, query)
+        queues.arrive(1000 * i, q(i, 1000 * i))
     workers[1] = WorkerState(1, busy_until_us=10**9)
     now = 20_000
-    decision = policy.decide(now, queue.view(), workers)
+    decision = queues.decide(now)
     by_worker = {d.worker_id: d for d in decision.dispatches}
     assert set(by_worker) == {0, 2, 3}  # worker 1 is busy
     assert by_worker[0].query_ids == (0, 4) and by_worker[2].query_ids == (2,) and by_worker[3].query_ids == (3,)
@@ -101,9 +121,8 @@ def test_each_worker_looks_up_its_own_queue(image_profile, policy_dir):
         slack_ms = (q(head, 1000 * head).deadline_us - now) / 1000
         assert (by_worker[wid].variant_id, n) == mdp.action(n, slack_ms)
     for d in decision.dispatches:  # as the engine carries it out
-        queue.remove(d.query_ids)
         workers[d.worker_id] = WorkerState(d.worker_id, busy_until_us=now + 1000)
-    assert policy.decide(now, queue.view(), workers).is_empty  # worker 1's queries wait for worker 1
+    assert queues.decide(now).is_empty  # worker 1's queries wait for worker 1
 
 
 def test_policy_options_are_validated(image_profile, policy_dir):

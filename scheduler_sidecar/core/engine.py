@@ -1,19 +1,26 @@
 """The engine: one decide/apply loop over a shared worker pool, for the simulator and the live sidecar.
 
 NOTE on the design. The engine owns everything both drivers used to do twice: admission, the
-EDF queue of every query type, asking each type's policy to decide, carrying out decisions
-(dispatches, drops, loads, unloads), wakeups, plans, retries after a worker is lost, and the
-one record per query. A driver supplies a clock (``clock() -> now_us``) and an
+EDF queue of every query type (and, for a policy that routes, the queue of every worker),
+asking each type's policy to decide, carrying out decisions (dispatches, drops, loads, unloads),
+wakeups, plans, retries after a worker is lost, and the one record per query. A driver supplies a clock (``clock() -> now_us``) and an
 :class:`Executor` that runs what the engine starts: in the simulator a batch completes at now
 plus a profiled latency, live it is an RPC to Triton. The driver reports back through the
 engine's event methods (:meth:`Engine.batch_done`, :meth:`Engine.load_done`, ...), each of
 which ends in :meth:`Engine.step`. Nothing here awaits or sleeps, so a decision always sees a
 consistent state.
 
-After every event, ``step`` asks every query type's policy to decide, the type with the
-earliest head deadline first (an idle type too, so a policy that keeps time gets its turn),
-and repeats while any decision did something. A worker is shared: the first policy to dispatch
-to it makes it busy for the others, so no worker runs two batches at once.
+After every event, ``step`` asks the policy of every query type with queued queries to decide,
+the type with the earliest head deadline first, and repeats while any decision did something.
+A worker is shared: the first policy to dispatch to it makes it busy for the others, so no
+worker runs two batches at once.
+
+Routing. A query of a routing policy's type is in the type's queue and in one worker's queue
+(or held unrouted), where ``policy.route`` sent it; the engine removes it from both at once
+whatever ends it (a dispatch, a drop, a cancel, a failure). After any change of the workers
+or the plan, the queue of a worker the policy no longer ``keeps`` is routed again, queries held
+unrouted get another try, and a retried batch's queries are routed again: the policy never
+holds a copy of what is queued.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from typing import Protocol
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
 from scheduler_sidecar.core.policy import Policy
-from scheduler_sidecar.core.queue import EdfQueue
+from scheduler_sidecar.core.queue import EdfQueue, QueueView, WorkerQueues
 from scheduler_sidecar.core.records import (
+    DROP,
     Batch,
     BatchResult,
     Decision,
@@ -90,9 +98,23 @@ class QueryType:
 
     def __post_init__(self) -> None:
         self.queue = EdfQueue()
-        variants = self.policy.profile.variants
+        self.use(self.policy)
+
+    def use(self, policy: Policy) -> None:
+        """Serve the type with ``policy`` from now on; a routing policy starts with no query routed."""
+        self.policy = policy
+        self.routes = WorkerQueues() if policy.routes else None
+        self.view = QueueView(self.queue, self.routes)  # what the policy sees
+        variants = policy.profile.variants
         self.models = {v.id: v.actuation.model for v in variants}  # variant id -> Triton model it runs on
         self.accuracy = {v.id: v.accuracy for v in variants}
+
+    def remove(self, query_ids: Sequence[int]) -> list[Query]:
+        """Take queued queries out of the type's queue and their workers' queues."""
+        out = self.queue.remove(query_ids)
+        if self.routes is not None:
+            self.routes.remove(query_ids)
+        return out
 
 
 class Engine:
@@ -124,6 +146,7 @@ class Engine:
         self._planning = False
         # query type -> (indices of its workers, None when all of them; how many of them are healthy)
         self._views: dict[str, tuple[list[int] | None, int]] = {}
+        self._reroute_due = False  # workers or the plan changed: routed queues may have to move
         self._quickest: dict[str, tuple[int, int]] = {}  # query type -> (latency version, quickest us)
 
     # ------------------------------------------------------------------ events from the driver
@@ -140,6 +163,8 @@ class Engine:
             self._end(query, Outcome.REJECTED, now, error=error)
             return
         qt.queue.push(query)
+        if qt.routes is not None:
+            self._route(qt, query, now, again=False)
         qt.policy.observe_arrival(now, query)
         self._arrivals[qt.name] = self._arrivals.get(qt.name, 0) + 1
         if self.planner is not None and self.planner.observe_arrival(now, query):
@@ -149,10 +174,9 @@ class Engine:
     def cancel(self, query_id: int, query_type: str) -> bool:
         """A client left: drop its query if it is still queued (True) and end it as cancelled."""
         qt = self.types.get(query_type)
-        query = qt.queue.discard(query_id) if qt is not None else None
-        if query is None:
+        if qt is None or query_id not in qt.queue:
             return False
-        self._end(query, Outcome.CANCELLED)
+        self._end(qt.remove([query_id])[0], Outcome.CANCELLED)
         return True
 
     def batch_done(self, batch: Batch, result: BatchResult | None = None) -> None:
@@ -195,7 +219,7 @@ class Engine:
             return
         self.workers[i] = replace(worker, healthy=healthy, busy_until_us=None, loading_model=None,
                                   loading_until_us=None, staging_model=None)
-        self._views.clear()
+        self._workers_changed()
         batch = self._running.pop(worker_id, None)
         if batch is not None:
             self._requeue(batch.queries, WorkerLost(f"worker {worker_id} was lost while running its batch"))
@@ -211,7 +235,7 @@ class Engine:
                 raise ValueError(f"worker {w.id} is already in the pool")
             self._index[w.id] = len(self.workers)
             self.workers.append(w)
-        self._views.clear()
+        self._workers_changed()
         self.step()
 
     def load_done(self, worker_id: int, model: str, ok: bool = True) -> None:
@@ -223,7 +247,7 @@ class Engine:
             self.workers[i] = replace(w, resident=resident, staging_model=None)
         else:
             self.workers[i] = replace(w, resident=resident, loading_model=None, loading_until_us=None)
-        self._views.clear()
+        self._workers_changed()
         if not ok:
             log.warning("worker %d: loading %s failed", worker_id, model)
             self._target.pop(worker_id, None)  # do not retry a failed placement in a loop
@@ -280,6 +304,7 @@ class Engine:
                 self.executor.scale(model, count)
         for qt in self.types.values():
             qt.policy.observe_plan(now, plan)
+        self._reroute_due = True
         assert self.planner is not None
         self._next_plan_us = now + self.planner.period_us
         self._wake(self._next_plan_us)
@@ -291,11 +316,15 @@ class Engine:
         now = self.clock()
         if self._target:
             self._move_to_target(now)
+        if self._reroute_due:
+            self._reroute(now)
         progress = True
         while progress:
             progress = False
             for qt in self._by_head_deadline():
-                decision = qt.policy.decide(now, qt.queue.view(), self._workers_for(qt))
+                if not qt.queue:
+                    break  # the rest are idle too: an empty queue sorts last
+                decision = qt.policy.decide(now, qt.view, self._workers_for(qt))
                 self.num_decisions += 1
                 if self.on_decide is not None:
                     self.on_decide(qt.name, qt.policy.name)
@@ -323,7 +352,7 @@ class Engine:
             model = qt.models.get(d.variant_id)
             if model is None or not worker.holds(model):
                 raise PolicyError(f"{qt.policy.name}: variant {d.variant_id!r} is not resident on worker {worker.id}")
-            queries = tuple(qt.queue.remove(d.query_ids))
+            queries = tuple(qt.remove(d.query_ids))
             expected = qt.policy.latency.us(d.variant_id, len(queries), worker.device)
             batch = Batch(d, queries, now, expected, worker.device)
             self.workers[i] = replace(worker, busy_until_us=now + expected)
@@ -333,7 +362,7 @@ class Engine:
             self.executor.run_batch(batch)
         if decision.dropped:
             error = DeadlineExceeded(f"dropped by {qt.policy.name}: no variant can meet its deadline any more")
-            for q in qt.queue.remove(decision.dropped):
+            for q in qt.remove(decision.dropped):
                 self._end(q, Outcome.DROPPED, now, error=error)
         for u in decision.unloads:
             self._unload(u)
@@ -347,7 +376,7 @@ class Engine:
         worker = self.workers[i]
         expected = self.executor.load(worker, load.model)
         self.workers[i] = replace(worker, loading_model=load.model, loading_until_us=now + expected)
-        self._views.clear()
+        self._workers_changed()
 
     def _unload(self, unload: Unload) -> None:
         i = self._index.get(unload.worker_id)
@@ -356,7 +385,7 @@ class Engine:
         worker = self.workers[i]
         resident = worker.resident if worker.resident is not None else frozenset(self._all_models())
         self.workers[i] = replace(worker, resident=resident - {unload.model})
-        self._views.clear()
+        self._workers_changed()
         self.executor.unload(worker, unload.model)
 
     def _move_to_target(self, now: int) -> None:
@@ -373,11 +402,43 @@ class Engine:
             if missing:
                 self.executor.load(worker, missing[0])
                 self.workers[i] = replace(worker, staging_model=missing[0])
-                self._views.clear()
+                self._workers_changed()
             elif worker.is_free:
                 for model in sorted(resident - target):
                     self._unload(Unload(wid, model))
                 del self._target[wid]
+
+    def _workers_changed(self) -> None:
+        self._views.clear()
+        self._reroute_due = True
+
+    def _route(self, qt: QueryType, query: Query, now: int, *, again: bool) -> None:
+        """Queue ``query`` (already in the type's queue) where the type's policy routes it, or end it if dropped."""
+        assert qt.routes is not None
+        ask = qt.policy.reroute if again else qt.policy.route
+        target = ask(now, query, qt.view, self._workers_for(qt))
+        if target is DROP:
+            qt.queue.remove([query.id])
+            self._end(query, Outcome.DROPPED, now, error=DeadlineExceeded(
+                f"dropped by {qt.policy.name}: it can no longer meet its deadline"))
+            return
+        if target is not None and target not in self._index:
+            raise PolicyError(f"{qt.policy.name}: routed query {query.id} to unknown worker {target}")
+        qt.routes.push(query, target)
+
+    def _reroute(self, now: int) -> None:
+        """Route again the queries of every worker its type's policy no longer keeps, and those held unrouted."""
+        self._reroute_due = False
+        for qt in self._type_list:
+            routes = qt.routes
+            if routes is None or not routes.where:
+                continue
+            for wid in routes.workers():
+                i = self._index.get(wid) if wid is not None else None
+                if i is not None and qt.policy.keeps(self.workers[i]):
+                    continue
+                for q in routes.take(wid):
+                    self._route(qt, q, now, again=True)
 
     def _all_models(self) -> set[str]:
         return {m for qt in self.types.values() for m in qt.models.values()}
@@ -440,6 +501,8 @@ class Engine:
             # does any late query (late_queries)
             if self._attempts.get(q.id, 0) < qt.max_attempts and self._num_healthy(qt):
                 qt.queue.push(q)  # retried on another worker
+                if qt.routes is not None:
+                    self._route(qt, q, now, again=True)
             else:
                 self._end(q, Outcome.FAILED, now, error=Unavailable(
                     f"{error} (after {self._attempts.get(q.id, 0)} attempt(s))"))
@@ -451,8 +514,7 @@ class Engine:
 
     def _fail_queued(self, qt: QueryType, error: AccscaleError) -> None:
         now = self.clock()
-        for q in list(qt.queue.scan()):
-            qt.queue.discard(q.id)
+        for q in qt.remove([q.id for q in qt.queue.scan()]):
             self._end(q, Outcome.FAILED, now, error=error)
 
     def _end(self, query: Query, outcome: Outcome, now: int | None = None, variant_id: str | None = None,
@@ -473,10 +535,15 @@ class Engine:
     def set_policy(self, query_type: str, policy: Policy) -> Policy:
         """Switch a type's policy in place (its queue is kept); returns the old one."""
         qt = self.types[query_type]
-        old, qt.policy = qt.policy, policy
+        old, queued = qt.policy, list(qt.queue.scan())
+        qt.use(policy)
         self._quickest.pop(query_type, None)
+        now = self.clock()
         if self.plan is not None:
-            policy.observe_plan(self.clock(), self.plan)
+            policy.observe_plan(now, self.plan)
+        if qt.routes is not None:  # the new policy routes every query afresh
+            for q in queued:
+                self._route(qt, q, now, again=True)
         self.step()
         return old
 

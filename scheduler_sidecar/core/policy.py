@@ -5,27 +5,36 @@ options; it serves one query type (one logical model). The engine calls::
 
     decision = policy.decide(now_us, queue, workers)
 
-after every arrival, completion, worker change, load, plan and requested wakeup (with an empty
-queue too, so a policy that keeps time gets its turn), and calls it again until it returns an
-empty decision, applying each decision before the next call. ``queue`` is a read-only view of
-the query type's EDF queue; ``workers`` are the :class:`~scheduler_sidecar.core.records.WorkerState`
-of the pool's workers that hold one of the type's models. Several query types share the pool:
-a worker one type's policy dispatched to is busy when the next type's policy looks. A policy
-never sleeps, awaits, reads the clock or does I/O: the same object runs on simulated and on
-wall time. ``observe_arrival``, ``observe_completion`` and ``observe_plan`` tell it what
-happened, for policies that keep state (their default does nothing).
+after every arrival, completion, worker change, load, plan and requested wakeup while the type has
+queued queries, and calls it again until it returns an empty decision, applying each decision
+before the next call. ``queue`` is a read-only view of the query type's EDF queue; ``workers``
+are the :class:`~scheduler_sidecar.core.records.WorkerState` of the pool's workers that hold one
+of the type's models. Several query types share the pool: a worker one type's policy dispatched
+to is busy when the next type's policy looks. A policy never sleeps, awaits, reads the clock or
+does I/O: the same object runs on simulated and on wall time. ``observe_arrival``,
+``observe_completion`` and ``observe_plan`` tell it what happened, for policies that keep state
+(their default does nothing).
+
+Routing. A policy that sends each query to one worker's queue (``routes = True``: RAMSIS,
+Proteus, Loki) says where in :meth:`Policy.route`; the engine keeps the queue of every worker
+(``queue.at(worker_id)``, ``queue.at(None)`` for queries not routed yet) and is the only owner
+of queued queries. When a query must go somewhere else (its batch is retried after a worker was
+lost, its worker no longer ``keeps`` it after a worker change or a plan, the policy is switched)
+the engine asks :meth:`Policy.reroute`. A policy keeps no copy of queued queries, so no order of
+cancels, retries, failures and plans can leave its view stale.
 
 Latency comes from ``self.latency`` (:class:`~scheduler_sidecar.core.latency.LatencyTable`),
 per (variant, batch size, device kind of the worker); the live driver rescales it in place.
 
 How the other systems fit:
 
-- **RAMSIS** (per-worker queues, MDP lookup): routes each arrival to a worker in
-  ``observe_arrival``, and in ``decide`` looks up a free worker's (queue length, head slack).
+- **RAMSIS** (per-worker queues, MDP lookup): routes each arrival round-robin, and in ``decide``
+  looks up a free worker's (queue length, head slack).
 - **Proteus / Loki** (periodic plans plus per-query routing): a :class:`~scheduler_sidecar.core.plan.Planner`
   places variants on workers; ``observe_plan`` hands its routing to the policy, which routes
   queries to workers by it and returns ``wakeup_us`` for an adaptive-batching timeout; early
-  dropping is ``Decision.dropped``; a policy may also load and unload models itself.
+  dropping is ``Decision.dropped`` (or :data:`~scheduler_sidecar.core.records.DROP` from ``route``);
+  a policy may also load and unload models itself.
 - **Pipelines and cascades**: a batch's result creates follow-up queries (the next stage, an
   escalation) of another query type; a dispatch may carry per-batch settings in ``Dispatch.params``.
 """
@@ -41,7 +50,7 @@ from scheduler_sidecar.core.latency import LatencyTable
 from scheduler_sidecar.core.plan import Plan
 from scheduler_sidecar.core.profile import Profile, Variant
 from scheduler_sidecar.core.queue import QueueView
-from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, QueryRecord, WorkerState
+from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Drop, Query, QueryRecord, WorkerState
 from scheduler_sidecar.errors import ConfigError
 
 
@@ -62,6 +71,8 @@ class Policy(abc.ABC):
     # options that name files on the sidecar's machine: an operator's, set in the config file, never
     # over the network (the admin switch refuses them)
     file_options: ClassVar[frozenset[str]] = frozenset()
+    # True: every query goes to one worker's queue, where route() says (see the module docstring)
+    routes: ClassVar[bool] = False
 
     def __init__(self, profile: Profile, *, device: str | None = None,
                  late_queries: LateQueries | str = LateQueries.DROP, overhead_us: int = 0) -> None:
@@ -82,6 +93,21 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
         """Return what to do now: at most the dispatches that free workers can take."""
+
+    def route(self, now_us: int, query: Query, queue: QueueView, workers: Sequence[WorkerState]) -> int | Drop | None:
+        """A routing policy's choice for an arriving query: a worker id, None to hold it until a worker can take it,
+        or DROP. ``queue`` holds the queries queued so far (``queue.at(worker_id)``)."""
+        raise NotImplementedError(f"{self.name} routes but has no route()")
+
+    def reroute(self, now_us: int, query: Query, queue: QueueView,
+                workers: Sequence[WorkerState]) -> int | Drop | None:
+        """Where a queued query goes when its worker no longer keeps it, or its batch is retried; as an arrival by
+        default."""
+        return self.route(now_us, query, queue, workers)
+
+    def keeps(self, worker: WorkerState) -> bool:
+        """Whether the queries routed to ``worker`` stay there (asked after worker changes and plans)."""
+        return worker.healthy
 
     def observe_arrival(self, now_us: int, query: Query) -> None:
         """A query was queued."""

@@ -1,4 +1,5 @@
-"""The earliest-deadline-first queue and the read-only view of it that policies get."""
+"""The earliest-deadline-first queue, the per-worker queues of a query type whose policy routes, and the
+read-only views of them that policies get."""
 
 from __future__ import annotations
 
@@ -95,13 +96,58 @@ class EdfQueue:
         return self.remove([query_id])[0] if query_id in self._by_id else None
 
 
+class WorkerQueues:
+    """Where a query type's routing policy sent its queued queries: one EDF queue per worker, and one (keyed
+    None) for the queries it could not route yet. Every query here is also in the type's own EDF queue; the
+    engine adds and removes both together, so no event order can leave the two apart."""
+
+    def __init__(self) -> None:
+        self._at: dict[int | None, EdfQueue] = {}  # in the order the queues were first used
+        self.where: dict[int, int | None] = {}  # query id -> its worker
+
+    def push(self, query: Query, worker_id: int | None) -> None:
+        queue = self._at.get(worker_id)
+        if queue is None:
+            queue = self._at[worker_id] = EdfQueue()
+        queue.push(query)
+        self.where[query.id] = worker_id
+
+    def remove(self, query_ids: Iterable[int]) -> None:
+        """Forget queries the type's queue no longer holds (served, dropped, cancelled)."""
+        by_worker: dict[int | None, list[int]] = {}
+        for qid in query_ids:
+            if qid in self.where:  # not yet routed when a policy's route() raised
+                by_worker.setdefault(self.where.pop(qid), []).append(qid)
+        for wid, ids in by_worker.items():
+            self._at[wid].remove(ids)  # an emptied queue stays: the order queues were first used is kept
+
+    def take(self, worker_id: int | None) -> list[Query]:
+        """Every query routed to ``worker_id``, in EDF order, to be routed again."""
+        queue = self._at.pop(worker_id, None)
+        if queue is None:
+            return []
+        out = list(queue.scan())
+        for q in out:
+            del self.where[q.id]
+        return out
+
+    def workers(self) -> list[int | None]:
+        """The workers with a queue (None: not routed yet), in the order their queues were first used."""
+        return list(self._at)
+
+    def view(self, worker_id: int | None) -> QueueView:
+        queue = self._at.get(worker_id)
+        return queue.view() if queue is not None else _EMPTY.view()
+
+
 class QueueView:
     """What a policy sees of the EDF queue: read-only access in deadline order."""
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_queue", "_routes")
 
-    def __init__(self, queue: EdfQueue) -> None:
+    def __init__(self, queue: EdfQueue, routes: WorkerQueues | None = None) -> None:
         self._queue = queue
+        self._routes = routes
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -120,3 +166,12 @@ class QueueView:
     def scan(self) -> Iterator[Query]:
         """All queries in deadline order, fetched lazily."""
         return self._queue.scan()
+
+    def at(self, worker_id: int | None) -> QueueView:
+        """The queries routed to ``worker_id`` (None: not routed yet), for a policy that routes (``Policy.routes``)."""
+        if self._routes is None:
+            raise PolicyError("this query type's policy does not route: its queries are not per worker")
+        return self._routes.view(worker_id)
+
+
+_EMPTY = EdfQueue()

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from scheduler_sidecar.errors import AccscaleError, PolicyError
 
-__all__ = ["Batch", "BatchResult", "Decision", "Dispatch", "EMPTY", "Load", "Outcome", "PolicyError", "Query",
-           "QueryRecord", "Unload", "WorkerState"]
+__all__ = ["Batch", "BatchResult", "DROP", "Decision", "Dispatch", "Drop", "EMPTY", "Load", "Outcome", "PolicyError",
+           "Query", "QueryRecord", "Unload", "WorkerState"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -85,6 +85,15 @@ class Dispatch:
     variant_id: str  # profile variant: control row, model name or pipeline path
     query_ids: tuple[int, ...]  # EDF order; len() is the batch size
     params: tuple[tuple[str, object], ...] = ()  # per-batch settings for the worker (cascade thresholds, budgets)
+
+
+class Drop(enum.Enum):
+    """A routing policy's answer for a query it gives up on as it arrives (Loki's early dropping)."""
+
+    DROP = "drop"
+
+
+DROP = Drop.DROP
 
 
 @dataclass(frozen=True, slots=True)

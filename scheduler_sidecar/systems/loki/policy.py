@@ -1,27 +1,27 @@
 """Loki's data path in the engine (§5): one policy per task, sharing a :class:`Router` per pipeline.
 
 A frame is a query of the root task; a batch's result creates the queries of the child tasks (the
-simulator's fan-out, or the live pipeline's crops). Each arrival goes to one worker's queue: a frame by the
-frontend's MostAccurateFirst table, a follow-up by the table of the worker that served its parent (§5.1). A
-free worker runs min(queue, y) of its queue in deadline order at once, y being its planned batch size (the
-artifact's "fixed_size" batching; the paper says only that workers form batches up to y, digest A14).
+simulator's fan-out, or the live pipeline's crops). Each arrival goes to one worker's queue (the engine keeps
+the queues): a frame by the frontend's MostAccurateFirst table, a follow-up by the table of the worker that
+served its parent (§5.1). A free worker runs min(queue, y) of its queue in deadline order at once, y being its
+planned batch size (the artifact's "fixed_size" batching; the paper says only that workers form batches up to
+y, digest A14). A worker the plan no longer gives the task, or that fails, hands its queue to the task's
+other workers.
 
 Decision (``balance``, on by default): the table picks the worker, hence the variant; the query then joins
 the queue of that variant's replica with the least work waiting. The paper samples a worker and keeps it;
 replicas of one variant are interchangeable, and independent random splits queue each replica like its own
 M/D/1 server (measured in ``accscale reproduce loki``).
 
-Early dropping (§5.2), ``drop``:
+Early dropping (§5.2), ``drop``: the rule is :mod:`python_backend.loki_routing`'s, which the pipeline's BLS
+model applies live.
 - ``none``: every query is served, late or not.
 - ``last-task``: a query of a leaf task whose remaining end-to-end budget is below its worker's batch
   latency at the planned batch size is dropped before it runs (digest A11).
 - ``per-task``: a query that spent longer at its task (queueing and processing) than the task's latency
   budget is dropped on completion: its children are not sent on (the paper's check point; digest A10).
 - ``rerouting`` (Loki's default): such a query's child goes instead to the most accurate worker of the
-  backup table whose batch latency fits the routed worker's minus the overrun (exec <= y - x), while that
-  worker's leftover capacity lasts (a per-second allowance of its leftover q/s); with none, it is dropped.
-  Decision: "exec" counts the backup's queued batches too (the paper's profiled execution time alone would
-  send a late query to a backup whose queue makes it later still).
+  backup table that fits (see the rule), while its leftover capacity lasts; with none, it is dropped.
   Candidates are taken in the backup table's order (most accurate, then worker id): the paper breaks ties at
   random, which would make runs differ for no gain.
 
@@ -38,17 +38,17 @@ A dropped query's frame is an SLO violation (§6.1).
 
 from __future__ import annotations
 
-import bisect
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from python_backend.loki_routing import Allowance, Choice, next_hop, too_late
 from scheduler_sidecar.core.plan import Plan
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.queue import QueueView
-from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, QueryRecord, WorkerState
+from scheduler_sidecar.core.records import DROP, Decision, Dispatch, Drop, Query, QueryRecord, WorkerState
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import LokiPlan
 from scheduler_sidecar.systems.loki.routing import FRONTEND, Replica, Routing
@@ -102,13 +102,12 @@ class Router:
         self.rerouted = 0
         self._retiring: list[int] = []
         self._rng = np.random.default_rng(seed)
-        self._second = -1
-        self._allowance: dict[int, float] = {}
+        self._allowance = Allowance({})
 
     def observe_plan(self, plan: Plan) -> None:
         if isinstance(plan.detail, LokiPlan) and plan.detail.routing is not self.routing:
             self.routing = plan.detail.routing
-            self._second = -1
+            self._allowance = Allowance({w: left for backups in self.routing.backups.values() for w, left in backups})
             self._factor = budget_factors(self.pipeline, self.routing, self.budget)
 
     def target(self, source: int | None, task: str) -> int | None:
@@ -126,22 +125,16 @@ class Router:
         weights = np.array([p for _, p in table], dtype=float)
         return int(ids[int(self._rng.choice(len(ids), p=weights / weights.sum()))]) if len(ids) > 1 else ids[0]
 
-    def backup(self, task: str, now_us: int, fits_ms: float, wait_ms: Callable[[Replica], float]) -> int | None:
-        """The most accurate backup worker of ``task`` whose queued work plus batch latency fit ``fits_ms``, with
-        allowance left."""
+    def next_hop(self, task: str, now_us: int, overrun_us: int, routed: Replica | None,
+                 wait_ms: Callable[[int], float]) -> tuple[Choice, int | None]:
+        """The shared rule for a child of a query that overran its budget by ``overrun_us`` (see the module notes);
+        ``wait_ms(worker)``: the work queued there."""
         routing = self.routing
-        if routing is None or fits_ms <= 0:
-            return None
+        backups = () if routing is None else \
+            ((w, routing.replicas[w].batch_ms + wait_ms(w)) for w, _ in routing.backups.get(task, ()))
         second = now_us // 1_000_000
-        if second != self._second:  # leftover q/s is a per-second allowance
-            self._second = second
-            self._allowance = {w: left for backups in routing.backups.values() for w, left in backups}
-        for w, _ in routing.backups.get(task, ()):
-            r = routing.replicas[w]
-            if r.batch_ms + wait_ms(r) <= fits_ms and self._allowance.get(w, 0.0) >= 1.0:
-                self._allowance[w] -= 1.0
-                return w
-        return None
+        return next_hop(self.drop.value, overrun_us / 1000, routed.batch_ms if routed is not None else None, backups,
+                        lambda w: self._allowance.take(w, second))
 
     def ran(self, query: Query, worker_id: int, variant: str) -> None:
         replica = self.routing.replicas.get(worker_id) if self.routing is not None else None
@@ -164,20 +157,17 @@ class LokiTask(Policy):
     """One task of a Loki pipeline; ``router`` is shared by all the pipeline's tasks."""
 
     name = "loki"
+    routes = True
 
     def __init__(self, pipeline: Pipeline, task: str, router: Router, *, balance: bool = True, **options) -> None:
         super().__init__(pipeline.profile(task), **options)
         self.balance = balance
         self._siblings: dict[str, tuple[int, ...]] = {}  # variant -> the plan's replicas of it
-        self._free: set[int] = set()  # workers free when we last looked
+        self._mine: frozenset[int] = frozenset()  # the plan's workers of this task
         self.pipeline, self.task, self.router = pipeline, pipeline.task(task), router
         self.leaf = not self.task.children
         self.variants = {v.id for v in self.task.variants}
         self.max_batch = max(b for v in self.task.variants for b in v.latency.batch_sizes)
-        self.queues: dict[int, list[Query]] = {}  # worker id -> its queue, earliest deadline first
-        self._where: dict[int, int] = {}  # query id -> worker id
-        self._unrouted: list[Query] = []
-        self._drop: list[int] = []  # arrivals early dropping gave up on
 
     # ------------------------------------------------------------------ routing and early dropping
     def observe_plan(self, now_us: int, plan: Plan) -> None:
@@ -185,125 +175,83 @@ class LokiTask(Policy):
         routing = self.router.routing
         if routing is None:
             return
-        mine = {r.worker_id for r in routing.workers_of(self.task.name)}
+        self._mine = frozenset(r.worker_id for r in routing.workers_of(self.task.name))
         self._siblings = {}
-        self._free |= mine - set(self.queues)  # until decide() sees them, a new replica with no queue is free
         for r in sorted(routing.workers_of(self.task.name), key=lambda r: r.worker_id):
             self._siblings[r.variant] = (*self._siblings.get(r.variant, ()), r.worker_id)
-        stranded = [q for w in list(self.queues) if w not in mine for q in self.queues.pop(w)]
-        for q in stranded:
-            del self._where[q.id]
-        waiting, self._unrouted = stranded + self._unrouted, []
-        for q in waiting:
-            self._rehome(q)
 
-    def _rehome(self, query: Query) -> None:
-        """Route a query whose worker left the plan (or that came before any plan)."""
-        self._route(query, self.router.target(FRONTEND if query.stage == 0 else None, self.task.name))
+    def keeps(self, worker: WorkerState) -> bool:
+        return worker.healthy and worker.id in self._mine
 
-    def observe_arrival(self, now_us: int, query: Query) -> None:
+    def route(self, now_us: int, query: Query, queue: QueueView, workers: Sequence[WorkerState]) -> int | Drop | None:
         hop = self.router.hops.get(query.parent) if query.parent is not None else None
         target = self.router.target(hop.worker_id if hop is not None else FRONTEND, self.task.name)
-        mode = self.router.drop
-        if hop is not None and mode in (DropMode.PER_TASK, DropMode.REROUTING):
-            overrun_us = now_us - hop.reached_us - hop.budget_us
-            if overrun_us > 0:
-                routed = self._replica(target)
-                backup = None
-                if mode is DropMode.REROUTING and routed is not None:
-                    backup = self.router.backup(self.task.name, now_us, routed.batch_ms - overrun_us / 1000,
-                                                self._wait_ms)
-                if backup is None:
-                    self._drop.append(query.id)
-                    return
+        busy = {w.id for w in workers if not w.is_free}
+        if hop is not None:
+            choice, backup = self.router.next_hop(self.task.name, now_us, now_us - hop.reached_us - hop.budget_us,
+                                                  self._replica(target), lambda w: self._wait_ms(w, queue, busy))
+            if choice is Choice.DROPPED:
+                return DROP
+            if choice is Choice.REROUTED:
                 self.router.rerouted += 1
                 target = backup
-        self._route(query, target)
+        return self._least_queued(target, queue, busy)
 
-    def _wait_ms(self, replica: Replica) -> float:
-        """How long a query joining ``replica``'s queue waits: the batches ahead of it, and the running one."""
-        ahead = len(self.queues.get(replica.worker_id, ())) // replica.batch + (replica.worker_id not in self._free)
-        return ahead * replica.batch_ms
+    def reroute(self, now_us: int, query: Query, queue: QueueView, workers: Sequence[WorkerState]) -> int | None:
+        """A query whose worker left the plan or failed, or came before any plan: the task's tables again."""
+        target = self.router.target(FRONTEND if query.stage == 0 else None, self.task.name)
+        return self._least_queued(target, queue, {w.id for w in workers if not w.is_free})
+
+    def _wait_ms(self, worker_id: int, queue: QueueView, busy: set[int]) -> float:
+        """How long a query joining the worker's queue waits: the batches ahead of it, and the running one."""
+        replica = self._replica(worker_id)
+        if replica is None:
+            return 0.0
+        return (len(queue.at(worker_id)) // replica.batch + (worker_id in busy)) * replica.batch_ms
 
     def _replica(self, worker_id: int | None) -> Replica | None:
         routing = self.router.routing
         return routing.replicas.get(worker_id) if routing is not None and worker_id is not None else None
 
-    def _route(self, query: Query, worker_id: int | None) -> None:
-        if worker_id is None:
-            self._unrouted.append(query)
-            return
-        worker_id = self._least_queued(worker_id)
-        bisect.insort(self.queues.setdefault(worker_id, []), query)
-        self._where[query.id] = worker_id
-
-    def _least_queued(self, worker_id: int) -> int:
+    def _least_queued(self, worker_id: int | None, queue: QueueView, busy: set[int]) -> int | None:
         """The replica of ``worker_id``'s variant with the least work queued (the sampled one on a tie): the table
         decides the variant, and replicas of one variant are interchangeable."""
         replica = self._replica(worker_id)
         if not self.balance or replica is None:
             return worker_id
         siblings = self._siblings.get(replica.variant, ())
-        return min(siblings, key=lambda w: (len(self.queues.get(w, ())) + (w not in self._free), w != worker_id),
-                   default=worker_id)
+        return min(siblings, key=lambda w: (len(queue.at(w)) + (w in busy), w != worker_id), default=worker_id)
 
     # ------------------------------------------------------------------ batching
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
-        if not queue and not self._drop:
-            return EMPTY
-        if len(queue) != len(self._where) + len(self._unrouted) + len(self._drop):
-            self._reconcile(queue)
-        dropped = [qid for qid in self._drop if qid in queue]
-        self._drop = []
-        dispatches = []
-        self._free = {w.id for w in workers if w.is_free}
+        dispatches, dropped = [], []
         for w in workers:
-            wq = self.queues.get(w.id)
-            if not wq or not w.is_free:
+            mine = queue.at(w.id)
+            if not mine or not w.is_free:
                 continue
             replica = self._replica(w.id)
             variant = replica.variant if replica is not None and w.holds(replica.variant) else \
                 next((v.id for v in self.task.variants if w.holds(v.id)), None)
             if variant is None:
                 continue  # its model is still loading
+            late = 0
             if self.router.drop is DropMode.LAST_TASK and self.leaf:
                 batch_us = round(self.pipeline.variant(variant).batch_ms(
                     replica.batch if replica is not None else 1) * 1000)
-                while wq and wq[0].deadline_us - now_us < batch_us:
-                    dropped.append(self._pop(wq, 1)[0].id)
-            size = min(len(wq), replica.batch if replica is not None and replica.variant == variant else 1)
+                for q in mine.scan():
+                    if not too_late(q.deadline_us - now_us, batch_us):
+                        break
+                    late += 1
+                dropped.extend(q.id for q in mine.head(late))
+            size = min(len(mine) - late, replica.batch if replica is not None and replica.variant == variant else 1)
             if not size:
                 continue
-            batch = self._pop(wq, size)
-            for q in batch:
-                if not self.leaf:
+            batch = mine.head(late + size)[late:]
+            if not self.leaf:
+                for q in batch:
                     self.router.ran(q, w.id, variant)
             dispatches.append(Dispatch(w.id, variant, tuple(q.id for q in batch)))
-            self._free.discard(w.id)
-        return Decision(tuple(dispatches), tuple(dropped)) if dispatches or dropped else EMPTY
+        return Decision(tuple(dispatches), tuple(dropped))
 
     def observe_completion(self, now_us: int, records: Sequence[QueryRecord]) -> None:
         self.router.completed(records)
-
-    def _pop(self, wq: list[Query], n: int) -> list[Query]:
-        taken = wq[:n]
-        del wq[:n]
-        for q in taken:
-            del self._where[q.id]
-        return taken
-
-    def _reconcile(self, queue: QueueView) -> None:
-        """Match the engine's queue: forget queries that left it without us, route ones we never saw (a retry)."""
-        present = {q.id: q for q in queue.scan()}
-        for w, wq in self.queues.items():
-            kept = [q for q in wq if q.id in present]
-            for q in wq:
-                if q.id not in present:
-                    del self._where[q.id]
-            self.queues[w] = kept
-        self._unrouted = [q for q in self._unrouted if q.id in present]
-        self._drop = [qid for qid in self._drop if qid in present]
-        known = set(self._where) | {q.id for q in self._unrouted} | set(self._drop)
-        for qid, q in sorted(present.items(), key=lambda kv: kv[1]):
-            if qid not in known:
-                self._rehome(q)

@@ -20,11 +20,10 @@ Decisions on what the paper leaves open, shared by every strategy:
 from __future__ import annotations
 
 import abc
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduler_sidecar.core.records import Query
+from scheduler_sidecar.core.queue import QueueView
 
 Latency = Callable[[int], int]  # batch size -> us on this worker
 
@@ -46,13 +45,13 @@ class Batching(abc.ABC):
         self.guard_us = guard_us
         self.limit = limit  # the largest batch the worker can run (the profile's largest size)
 
-    def decide(self, now_us: int, queue: deque[Query], latency: Latency, max_batch: int,
+    def decide(self, now_us: int, queue: QueueView, latency: Latency, max_batch: int,
                drop_late: bool = True) -> Action:
         """What to do with the queue of a free worker (``queue`` is not empty); ``drop_late`` False serves late
         queries instead of dropping them (a policy's ``late_queries="serve"``)."""
         if drop_late:
             drop, left = 0, len(queue)
-            for q in queue:
+            for q in queue.scan():
                 if now_us + latency(self.next_batch(left, max_batch)) <= q.deadline_us:
                     break
                 drop, left = drop + 1, left - 1
@@ -65,7 +64,7 @@ class Batching(abc.ABC):
         return min(queued, max_batch)
 
     @abc.abstractmethod
-    def form(self, now_us: int, queue: deque[Query], latency: Latency, max_batch: int) -> Action:
+    def form(self, now_us: int, queue: QueueView, latency: Latency, max_batch: int) -> Action:
         """The queue's head can still make its deadline."""
 
     def completed(self, late: bool) -> None:
@@ -86,7 +85,7 @@ class Adaptive(Batching):
         q = len(queue)
         if q >= max_batch:
             return Action(dispatch=max_batch)
-        wait_until = queue[0].deadline_us - latency(q + 1) - self.guard_us
+        wait_until = queue.peek().deadline_us - latency(q + 1) - self.guard_us
         if now_us < wait_until:
             return Action(wakeup_us=wait_until)
         return Action(dispatch=q)
@@ -123,7 +122,7 @@ class NexusFill(Batching):
     def form(self, now_us, queue, latency, max_batch):
         if len(queue) >= max_batch:
             return Action(dispatch=max_batch)
-        wait_until = queue[0].deadline_us - latency(max_batch) - self.guard_us
+        wait_until = queue.peek().deadline_us - latency(max_batch) - self.guard_us
         if now_us < wait_until:
             return Action(wakeup_us=wait_until)
         return Action(dispatch=len(queue))

@@ -1,5 +1,5 @@
 """RAMSIS's online machinery (§3.2, §6), free of any driver: the load monitor, the round-robin
-load balancer with its per-worker queues, and the pick of a per-load table.
+load balancer, and the pick of a per-load table.
 
 ``systems/ramsis/policy.py`` wraps these into the three registered policies
 (RAMSIS, Jellyfish+, ModelSwitching). Everything here takes time as the ``now_us`` it is
@@ -9,12 +9,9 @@ given, so the same objects run on simulated and on wall time.
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections import deque
 from collections.abc import Iterable
 from typing import Generic, TypeVar
-
-from scheduler_sidecar.core.records import Query
 
 LOAD_WINDOW_MS = 500.0  # §6: the load monitor's moving-average window, shared by RAMSIS and the baselines
 
@@ -69,68 +66,25 @@ class LoadTable(Generic[T]):
         return self.values[i]
 
 
-class WorkerQueues:
-    """The round-robin load balancer and one EDF worker queue per slot (§3.2.1).
+class RoundRobin:
+    """The load balancer of §3.2.1: arrival i goes to slot i mod K, skipping slots with no worker.
 
-    Slot k is the k-th worker by id. The round-robin counter is global over central
-    arrivals (digest A10): arrival i goes to slot i mod K, skipping slots marked dead.
+    The counter is global over central arrivals (digest A10); the per-worker queues themselves are
+    the engine's.
     """
 
     def __init__(self, slots: int) -> None:
         if slots < 1:
             raise ValueError(f"need at least one worker slot, got {slots}")
         self.slots = slots
-        self.queues: list[list[Query]] = [[] for _ in range(slots)]  # heaps by (deadline, seq)
-        self.slot_of: dict[int, int] = {}  # query id -> slot
-        self.nonempty: set[int] = set()
-        self.dead: set[int] = set()  # slots whose worker is absent or unhealthy
         self._next = 0
 
-    def __len__(self) -> int:
-        return len(self.slot_of)
-
-    def route(self, query: Query) -> int:
-        """Append ``query`` to the next live slot in round-robin order; returns the slot."""
-        for _ in range(self.slots):
+    def pick(self, live: int) -> int | None:
+        """The next of the first ``live`` slots in round-robin order; None when no slot has a worker."""
+        if live < 1:
+            return None
+        while True:
             slot = self._next
             self._next = (self._next + 1) % self.slots
-            if slot not in self.dead:
-                break
-        heapq.heappush(self.queues[slot], query)
-        self.slot_of[query.id] = slot
-        self.nonempty.add(slot)
-        return slot
-
-    def take(self, slot: int, n: int) -> list[Query]:
-        """Remove and return the ``n`` earliest-deadline queries of ``slot``."""
-        heap = self.queues[slot]
-        out = [heapq.heappop(heap) for _ in range(min(n, len(heap)))]
-        for q in out:
-            del self.slot_of[q.id]
-        if not heap:
-            self.nonempty.discard(slot)
-        return out
-
-    def forget(self, query_ids: set[int]) -> None:
-        """Drop queries that left the central queue without us (a client went away)."""
-        touched = {self.slot_of.pop(qid) for qid in query_ids if qid in self.slot_of}
-        for slot in touched:
-            self.queues[slot] = [q for q in self.queues[slot] if q.id not in query_ids]
-            heapq.heapify(self.queues[slot])
-            if not self.queues[slot]:
-                self.nonempty.discard(slot)
-
-    def evacuate(self, slot: int) -> None:
-        """Re-route a dead slot's queries round-robin over the live ones."""
-        for q in self.take(slot, len(self.queues[slot])):
-            self.route(q)
-
-    def reconcile(self, queued: Iterable[Query]) -> None:
-        """Match the central queue: forget what left it, route what we never saw (a retried batch)."""
-        present = {q.id: q for q in queued}
-        gone = set(self.slot_of) - set(present)
-        if gone:
-            self.forget(gone)
-        for qid, q in present.items():
-            if qid not in self.slot_of:
-                self.route(q)
+            if slot < live:
+                return slot

@@ -1,10 +1,10 @@
 """RAMSIS (EuroSys '24) online, and its load-granular baselines Jellyfish+ and ModelSwitching.
 
 NOTE on RAMSIS online (§3.2, Fig. 1). Every arrival goes round-robin to one worker's own
-queue (``observe_arrival``); a 500 ms load monitor picks the lowest-load MDP policy at or
-above the observed load; a free worker with queued queries looks up (n, slack of its
-earliest deadline) in that policy and runs the chosen model on its n earliest queries
-(maximal batching). The global EDF queue only mirrors the union of the worker queues.
+queue (``route``; the engine keeps the queues); a 500 ms load monitor picks the lowest-load
+MDP policy at or above the observed load; a free worker with queued queries looks up (n,
+slack of its earliest deadline) in that policy and runs the chosen model on its n earliest
+queries (maximal batching).
 The MDP policies come from ``policy_dir`` (``accscale ramsis generate``, the paper's offline
 phase), or are generated in the constructor for ``loads`` (seconds per load: fine for the
 simulator, too slow to do while a live sidecar starts with many workers).
@@ -25,9 +25,10 @@ parts (load monitor, worker queues) are in ``online.py``.
 # client gets DEADLINE_EXCEEDED at once): a worker's head queries whose slack is below the
 # fastest model's batch-1 latency are dropped before the lookup.
 # Ambiguity: the workers seen online differ from the K the policies were made for. Chosen:
-# slot k is served by the k-th healthy worker by id (a failed worker's queue moves to the
-# next one); with fewer healthy workers than K, the slots beyond them are skipped by the
-# round-robin and their queries re-routed; workers beyond K stay idle. Regenerate for K.
+# slot k is the k-th healthy worker by id; with fewer healthy workers than K, the slots beyond
+# them are skipped by the round-robin; workers beyond K get no arrivals. A lost worker's queue
+# is routed again round-robin, and every other worker keeps its queue (a worker pushed beyond K
+# by one that came back still serves what it holds). Regenerate for K.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from scheduler_sidecar.systems.ramsis.baselines import (
     modelswitching_choice,
 )
 from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, ModelTable, from_profile
-from scheduler_sidecar.systems.ramsis.online import LOAD_WINDOW_MS, LoadMonitor, LoadTable, WorkerQueues
+from scheduler_sidecar.systems.ramsis.online import LOAD_WINDOW_MS, LoadMonitor, LoadTable, RoundRobin
 from scheduler_sidecar.systems.ramsis.policy_file import RamsisPolicy
 
 SLACK_STEPS = 100  # D (§6), as scheduler_sidecar.systems.ramsis.mdp (not imported here: it pulls in scipy)
@@ -81,6 +82,7 @@ class Ramsis(Policy):
 
     name = "ramsis"
     file_options = frozenset({"policy_dir"})
+    routes = True
 
     def __init__(self, profile: Profile, *, policy_dir: str | Path | None = None, slo_ms: float | None = None,
                  workers: int | None = None, loads: Sequence[float] | str | None = None,
@@ -105,7 +107,7 @@ class Ramsis(Policy):
         self.slo_ms = float(policies[0].meta["slo_ms"])
         self.table: LoadTable[RamsisPolicy] = LoadTable((p.load_qps, p) for p in policies)
         self.monitor = LoadMonitor(window_ms)
-        self.queues = WorkerQueues(self.workers)
+        self.balancer = RoundRobin(self.workers)
         self.picks: Counter[float] = Counter()  # policy load -> decisions that used it
 
     def _check(self, policies: list[RamsisPolicy], workers, slo_ms, source) -> int:
@@ -128,45 +130,37 @@ class Ramsis(Policy):
         return ks.pop()
 
     # ------------------------------------------------------------------ driver calls
+    def route(self, now_us: int, query: Query, queue: QueueView, workers: Sequence[WorkerState]) -> int | None:
+        slots = [w.id for w in workers if w.healthy][: self.workers]  # the engine lists workers by id
+        slot = self.balancer.pick(len(slots))
+        return slots[slot] if slot is not None else None
+
     def observe_arrival(self, now_us: int, query: Query) -> None:
         self.monitor.observe(now_us)
-        self.queues.route(query)
 
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
-        wq = self.queues
-        if len(wq) != len(queue):
-            wq.reconcile(queue.scan())  # queries we never saw (a retried batch) or that left without us
-        slot_workers = self._slot_workers(workers)
-        if not wq.nonempty:
-            return EMPTY
         policy = self.table.pick(self.monitor.load_qps(now_us))
         fastest_us = self.quickest_us()
         dispatches, dropped = [], []
-        for slot in sorted(wq.nonempty):
-            if slot >= len(slot_workers) or slot_workers[slot].busy_until_us is not None:
+        for w in workers:
+            mine = queue.at(w.id)
+            if not mine or not w.healthy or w.busy_until_us is not None:
                 continue
-            heap = wq.queues[slot]
+            late = 0
             if self.late_queries is LateQueries.DROP:
-                while heap and self.slack_us(now_us, heap[0]) < fastest_us:
-                    dropped.append(wq.take(slot, 1)[0].id)
-                if not heap:
+                for q in mine.scan():
+                    if self.slack_us(now_us, q) >= fastest_us:
+                        break
+                    late += 1
+                dropped.extend(q.id for q in mine.head(late))
+                if late == len(mine):
                     continue
-            model, batch = policy.action(len(heap), self.slack_us(now_us, heap[0]) / 1000.0)
-            queries = wq.take(slot, min(batch, self.max_batch))
-            dispatches.append(Dispatch(slot_workers[slot].id, model, tuple(q.id for q in queries)))
+            head = mine.head(late + 1)[late]
+            model, batch = policy.action(len(mine) - late, self.slack_us(now_us, head) / 1000.0)
+            taken = mine.head(late + min(batch, self.max_batch))[late:]
+            dispatches.append(Dispatch(w.id, model, tuple(q.id for q in taken)))
             self.picks[policy.load_qps] += 1
         return Decision(tuple(dispatches), tuple(dropped))
-
-    def _slot_workers(self, workers: Sequence[WorkerState]) -> list[WorkerState]:
-        """Slot k's worker is the k-th healthy one by id; slots beyond them are dead, their queries re-routed."""
-        healthy = sorted((w for w in workers if w.healthy), key=lambda w: w.id)[: self.workers]
-        wq = self.queues
-        if len(healthy) != wq.slots - len(wq.dead):
-            wq.dead = set(range(len(healthy), wq.slots))
-            if healthy:
-                for slot in wq.dead & wq.nonempty:
-                    wq.evacuate(slot)
-        return healthy
 
 
 class _LoadGranular(Policy):
