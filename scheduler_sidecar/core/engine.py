@@ -11,7 +11,8 @@ which ends in :meth:`Engine.step`. Nothing here awaits or sleeps, so a decision 
 consistent state.
 
 After every event, ``step`` asks the policy of every query type with queued queries to decide,
-the type with the earliest head deadline first, and repeats while any decision did something.
+the type with the earliest head deadline first, and repeats while any decision did something and
+a worker is still free (with none free there is nothing a policy could start).
 A worker is shared: the first policy to dispatch to it makes it busy for the others, so no
 worker runs two batches at once.
 
@@ -131,6 +132,7 @@ class Engine:
             raise ValueError(f"query type names must be unique: {[t.name for t in types]}")
         self.workers: list[WorkerState] = list(workers)
         self._index = {w.id: i for i, w in enumerate(self.workers)}
+        self._free = sum(w.is_free for w in self.workers)  # workers that could start a batch now
         self.executor, self.clock, self.on_end, self.planner = executor, clock, on_end, planner
         self.on_decide = on_decide  # (query type, policy name) after each decide() call: metrics
         self.plan: Plan | None = None
@@ -187,14 +189,15 @@ class Engine:
         result = result or BatchResult()
         qt = self.types[batch.queries[0].type]
         records = []
+        failed, served_by, outputs = result.failed, result.served_by, result.outputs
+        size, variant, end = len(batch.queries), batch.variant_id, self._end
         for q in batch.queries:
-            if q.id in result.failed:
-                self._end(q, Outcome.FAILED, now, error=result.failed[q.id])
+            if failed and q.id in failed:
+                end(q, Outcome.FAILED, now, error=failed[q.id])
                 continue
-            variant = result.served_by.get(q.id, batch.variant_id)
-            outcome = Outcome.MET if now <= q.deadline_us else Outcome.LATE
-            records.append(self._end(q, outcome, now, variant, qt.accuracy[variant], len(batch.queries),
-                                     output=result.outputs.get(q.id)))
+            served = served_by.get(q.id, variant) if served_by else variant
+            records.append(end(q, Outcome.MET if now <= q.deadline_us else Outcome.LATE, now, served,
+                               qt.accuracy[served], size, output=outputs.get(q.id) if outputs else None))
         qt.policy.observe_completion(now, records)
         for follow_up in result.follow_ups:
             self.arrive(follow_up)
@@ -217,7 +220,7 @@ class Engine:
         worker = self.workers[i]
         if worker.healthy == healthy:
             return
-        self.workers[i] = replace(worker, healthy=healthy, busy_until_us=None, loading_model=None,
+        self._set(i, worker, healthy=healthy, busy_until_us=None, loading_model=None,
                                   loading_until_us=None, staging_model=None)
         self._workers_changed()
         batch = self._running.pop(worker_id, None)
@@ -235,6 +238,7 @@ class Engine:
                 raise ValueError(f"worker {w.id} is already in the pool")
             self._index[w.id] = len(self.workers)
             self.workers.append(w)
+            self._free += w.is_free
         self._workers_changed()
         self.step()
 
@@ -244,9 +248,9 @@ class Engine:
         w = self.workers[i]
         resident = w.resident | {model} if ok and w.resident is not None else w.resident
         if w.staging_model == model:
-            self.workers[i] = replace(w, resident=resident, staging_model=None)
+            self._set(i, w, resident=resident, staging_model=None)
         else:
-            self.workers[i] = replace(w, resident=resident, loading_model=None, loading_until_us=None)
+            self._set(i, w, resident=resident, loading_model=None, loading_until_us=None)
         self._workers_changed()
         if not ok:
             log.warning("worker %d: loading %s failed", worker_id, model)
@@ -318,7 +322,7 @@ class Engine:
             self._move_to_target(now)
         if self._reroute_due:
             self._reroute(now)
-        progress = True
+        progress = self._free > 0  # a policy acts on a free worker: with none, there is nothing to decide
         while progress:
             progress = False
             for qt in self._by_head_deadline():
@@ -332,7 +336,7 @@ class Engine:
                     self._wake(decision.wakeup_us)
                 if not decision.is_empty:
                     self._apply(qt, decision, now)
-                    progress = True
+                    progress = self._free > 0
 
     def _by_head_deadline(self) -> list[QueryType]:
         if len(self._type_list) == 1:
@@ -355,7 +359,7 @@ class Engine:
             queries = tuple(qt.remove(d.query_ids))
             expected = qt.policy.latency.us(d.variant_id, len(queries), worker.device)
             batch = Batch(d, queries, now, expected, worker.device)
-            self.workers[i] = replace(worker, busy_until_us=now + expected)
+            self._set(i, worker, busy_until_us=now + expected)
             self._running[worker.id] = batch
             for q in queries:
                 self._attempts[q.id] = self._attempts.get(q.id, 0) + 1
@@ -375,7 +379,7 @@ class Engine:
             raise PolicyError(f"cannot load {load.model!r}: worker {load.worker_id} is missing or not free")
         worker = self.workers[i]
         expected = self.executor.load(worker, load.model)
-        self.workers[i] = replace(worker, loading_model=load.model, loading_until_us=now + expected)
+        self._set(i, worker, loading_model=load.model, loading_until_us=now + expected)
         self._workers_changed()
 
     def _unload(self, unload: Unload) -> None:
@@ -384,7 +388,7 @@ class Engine:
             raise PolicyError(f"cannot unload {unload.model!r}: worker {unload.worker_id} is missing or busy")
         worker = self.workers[i]
         resident = worker.resident if worker.resident is not None else frozenset(self._all_models())
-        self.workers[i] = replace(worker, resident=resident - {unload.model})
+        self._set(i, worker, resident=resident - {unload.model})
         self._workers_changed()
         self.executor.unload(worker, unload.model)
 
@@ -401,12 +405,18 @@ class Engine:
             missing = sorted(target - resident)
             if missing:
                 self.executor.load(worker, missing[0])
-                self.workers[i] = replace(worker, staging_model=missing[0])
+                self._set(i, worker, staging_model=missing[0])
                 self._workers_changed()
             elif worker.is_free:
                 for model in sorted(resident - target):
                     self._unload(Unload(wid, model))
                 del self._target[wid]
+
+    def _set(self, i: int, worker: WorkerState, **changes) -> None:
+        """Replace worker ``i``'s state by ``worker`` with ``changes``, keeping count of the free workers."""
+        new = replace(worker, **changes)
+        self._free += new.is_free - self.workers[i].is_free
+        self.workers[i] = new
 
     def _workers_changed(self) -> None:
         self._views.clear()
@@ -490,7 +500,7 @@ class Engine:
             return False
         del self._running[batch.worker_id]
         i = self._index[batch.worker_id]
-        self.workers[i] = replace(self.workers[i], busy_until_us=None)
+        self._set(i, self.workers[i], busy_until_us=None)
         return True
 
     def _requeue(self, queries: Iterable[Query], error: AccscaleError) -> None:

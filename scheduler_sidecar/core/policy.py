@@ -6,7 +6,8 @@ options; it serves one query type (one logical model). The engine calls::
     decision = policy.decide(now_us, queue, workers)
 
 after every arrival, completion, worker change, load, plan and requested wakeup while the type has
-queued queries, and calls it again until it returns an empty decision, applying each decision
+queued queries and some worker of the pool is free (every decision starts a batch, drops or loads
+on a free worker), and calls it again until it returns an empty decision, applying each decision
 before the next call. ``queue`` is a read-only view of the query type's EDF queue; ``workers``
 are the :class:`~scheduler_sidecar.core.records.WorkerState` of the pool's workers that hold one
 of the type's models. Several query types share the pool: a worker one type's policy dispatched

@@ -145,6 +145,7 @@ class _Run:
         self.follow_ups: list[QueryRecord] = []
         self.solve_s: list[float] = []
         self._codes = OUTCOME_CODES
+        self._met = OUTCOME_CODES[Outcome.MET]
         for t in sorted(sim.world.fail_at_s):
             self._push(round(t * 1e6), _FAILURE, None)
         self.engine = Engine(sim.types, sim.world.worker_states(), self, clock=lambda: self.now,
@@ -164,8 +165,9 @@ class _Run:
             return
         self.ends[i] += 1
         self.finish[i] = record.finish_us
-        self.outcome[i] = self._codes[record.outcome]
-        if record.outcome is Outcome.MET or record.outcome is Outcome.LATE:
+        outcome = record.outcome
+        self.outcome[i] = self._met if outcome is Outcome.MET else self._codes[outcome]  # the usual case unhashed
+        if outcome is Outcome.MET or outcome is Outcome.LATE:
             self.accuracy[i] = record.accuracy
             self.batch_size[i] = record.batch_size
             self.variant[i] = record.variant_id
