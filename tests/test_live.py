@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from scheduler_sidecar.core.plan import Plan, Planner
+from scheduler_sidecar.core.records import Decision
 from scheduler_sidecar.errors import (
     DeadlineExceeded,
     SloInfeasible,
@@ -25,8 +26,11 @@ from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
 from scheduler_sidecar.systems import POLICIES, make_policy
+from scheduler_sidecar.systems.superserve.baselines import ClipperPlus
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
+from tests import virtual_clock
 from tests.builders import POLICY_OPTIONS, make_mover, make_profile
+from tests.virtual_clock import VirtualLoop
 
 INPUT = TensorSpec("INPUT", "FP32", (2,))
 OUTPUT = TensorSpec("LOGITS", "FP32", (3,))
@@ -315,6 +319,33 @@ def test_latency_calibration_scales_the_table_the_same_policy_reads(calibrate):
         assert policy.latency.us("v0", 1, "cpu") == round(profiled * expected)
 
     asyncio.run(main())
+
+
+class ServeFrom(ClipperPlus):
+    """Holds every query until ``start_us``, then serves it: a policy that waits, as adaptive batching does."""
+
+    def __init__(self, profile, start_us: int) -> None:
+        super().__init__(profile)
+        self.start_us = start_us
+
+    def decide(self, now_us, queue, workers):
+        if queue and now_us < self.start_us:
+            return Decision(wakeup_us=self.start_us)
+        return super().decide(now_us, queue, workers)
+
+
+def test_a_wakeup_that_fires_before_the_clock_reads_its_time_is_not_lost():
+    """The loop's timer fires when a slower clock still reads less than the wakeup time: the driver waits on
+    rather than waking the engine early (which keeps that time pending and never asks for it again)."""
+    loop = VirtualLoop()
+
+    async def main():
+        driver, (model,) = make_driver(worker(gated=False), policies={"m": ServeFrom(make_profile(), 10_000)},
+                                       clock=lambda: loop.clock() * 9 // 10)  # 90% of the loop's speed
+        answer = await model.infer(row(1, 1), 1_000_000)
+        assert driver.clock() >= 10_000 and answer.queue_us == 10_000
+
+    virtual_clock.run(main(), loop)
 
 
 def test_config_file_and_flags(tmp_path):

@@ -427,7 +427,10 @@ class LiveDriver:
 
         def fire() -> None:
             self._timers.discard(handle)
-            self._guard(self.engine.wakeup)
+            if self.clock() < time_us:  # early by the clock (the loop keeps its own time): wait on, since the
+                self.wake_at(time_us)  # engine keeps time_us pending and would never ask for it again
+            else:
+                self._guard(self.engine.wakeup)
 
         handle = loop.call_later(max(0, time_us - self.clock()) / 1e6, fire)
         self._timers.add(handle)

@@ -234,8 +234,10 @@ def split_rows(url: str, call: InferCall, response: pb.ModelInferResponse) -> li
 class FakeWorker:
     """An in-process worker for tests: it records every call and answers as ``compute`` says.
 
-    ``gate``, when set, holds every batch and load until the test opens it; ``fail_with`` makes
-    batches raise; ``running`` and ``max_running`` show how many batches ran at once.
+    ``gate``, when set, holds every batch and load until the test opens it; ``delay_s`` and
+    ``load_delay_s``, when set, make a batch or a load take that long after the gate (awaited with
+    ``asyncio.sleep``, so on a virtual-time loop exactly that long); ``fail_with`` makes batches raise;
+    ``running`` and ``max_running`` show how many batches ran at once.
     """
 
     url: str
@@ -244,6 +246,8 @@ class FakeWorker:
     gate: asyncio.Event | None = None
     fail_with: WorkerError | None = None
     health: Health = Health.READY
+    delay_s: Callable[[InferCall], float] | None = None  # a batch's service time in seconds
+    load_delay_s: Callable[[str], float] | None = None  # a model load's time in seconds
     answered: int = 0
     calls: list[InferCall] = field(default_factory=list)
     control: list[tuple[str, str]] = field(default_factory=list)  # ("load" | "unload", model), in order
@@ -257,6 +261,8 @@ class FakeWorker:
         try:
             if self.gate is not None:
                 await self.gate.wait()
+            if self.delay_s is not None:
+                await asyncio.sleep(self.delay_s(call))
             if self.fail_with is not None:
                 raise self.fail_with
             rows = self.compute(call)
@@ -269,6 +275,8 @@ class FakeWorker:
         self.control.append(("load", model))
         if self.gate is not None:
             await self.gate.wait()
+        if self.load_delay_s is not None:
+            await asyncio.sleep(self.load_delay_s(model))
 
     async def unload(self, model: str) -> None:
         self.control.append(("unload", model))
