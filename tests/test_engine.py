@@ -10,7 +10,7 @@ from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
 from scheduler_sidecar.systems.proteus.policy import Proteus
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
-from tests.builders import make_mover, make_profile
+from tests.builders import make_mover, make_profile, make_queries, make_queue
 
 
 def test_two_query_types_share_workers_without_double_booking():
@@ -102,3 +102,16 @@ def test_a_plan_moves_a_worker_make_before_break():
     after = [b for b in result.batches if b.start_us >= 50_001]
     assert before and {b.variant_id for b in before} == {"v1"}  # served by what it held while loading
     assert after and {b.variant_id for b in after} == {"v3"}  # and only by the new model once it is in
+
+
+def test_a_query_removed_from_deep_in_the_queue_and_queued_again_is_queued_once():
+    """A retry re-queues a query that a routing policy's dispatch took from deep in the type's queue (removed
+    lazily there), and it is taken again before the queue is read: it is gone, not seen once more."""
+    queue = make_queue(make_queries(6))
+    assert [q.id for q in queue.head(2)] == [0, 1]  # 0 and 1 are at the front, the rest deep in the heap
+    retried = queue.remove([4])[0]
+    queue.push(retried)  # its worker was lost: back in the queue
+    queue.remove([4])  # dispatched again, from deep in the heap again
+    assert [q.id for q in queue.scan()] == [0, 1, 2, 3, 5] and 4 not in queue
+    queue.push(retried)
+    assert [q.id for q in queue.scan()] == [0, 1, 2, 3, 4, 5]

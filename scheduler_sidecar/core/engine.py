@@ -190,14 +190,14 @@ class Engine:
         qt = self.types[batch.queries[0].type]
         records = []
         failed, served_by, outputs = result.failed, result.served_by, result.outputs
-        size, variant, end = len(batch.queries), batch.variant_id, self._end
+        size, variant, end, accuracy = len(batch.queries), batch.variant_id, self._end, batch.accuracy
         for q in batch.queries:
             if failed and q.id in failed:
                 end(q, Outcome.FAILED, now, error=failed[q.id])
                 continue
             served = served_by.get(q.id, variant) if served_by else variant
             records.append(end(q, Outcome.MET if now <= q.deadline_us else Outcome.LATE, now, served,
-                               qt.accuracy[served], size, output=outputs.get(q.id) if outputs else None))
+                               accuracy[served], size, output=outputs.get(q.id) if outputs else None))
         qt.policy.observe_completion(now, records)
         for follow_up in result.follow_ups:
             self.arrive(follow_up)
@@ -358,7 +358,7 @@ class Engine:
                 raise PolicyError(f"{qt.policy.name}: variant {d.variant_id!r} is not resident on worker {worker.id}")
             queries = tuple(qt.remove(d.query_ids))
             expected = qt.policy.latency.us(d.variant_id, len(queries), worker.device)
-            batch = Batch(d, queries, now, expected, worker.device)
+            batch = Batch(d, queries, now, expected, worker.device, qt.accuracy)
             self._set(i, worker, busy_until_us=now + expected)
             self._running[worker.id] = batch
             for q in queries:

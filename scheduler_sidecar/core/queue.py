@@ -23,7 +23,9 @@ class EdfQueue:
         # (deadline, seq, query): tuples compare in C, far quicker than the dataclass's generated ordering
         self._heap: list[tuple[int, int, Query]] = []
         self._front: list[Query] = []  # sorted; every query here precedes every query in the heap
-        self._removed: set[int] = set()
+        # query id -> its heap entries to skip: a query removed from the heap lazily and queued again (a retry)
+        # has two entries there, and removed again, two to skip
+        self._removed: dict[int, int] = {}
         self._by_id: dict[int, Query] = {}
         self._view = QueueView(self)
 
@@ -47,7 +49,10 @@ class EdfQueue:
         while len(front) < n and heap:
             q = heapq.heappop(heap)[2]
             if q.id in removed:
-                removed.discard(q.id)
+                if removed[q.id] == 1:
+                    del removed[q.id]
+                else:
+                    removed[q.id] -= 1
             else:
                 front.append(q)
 
@@ -85,7 +90,8 @@ class EdfQueue:
         else:
             gone = set(ids)
             kept = [q for q in self._front if q.id not in gone]
-            self._removed.update(gone - {q.id for q in self._front})
+            for qid in gone - {q.id for q in self._front}:
+                self._removed[qid] = self._removed.get(qid, 0) + 1
             self._front = kept
         return out
 

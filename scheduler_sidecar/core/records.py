@@ -135,6 +135,8 @@ class Batch:
     start_us: int
     expected_latency_us: int  # what the policy's latency table says it takes on this worker
     device: str
+    # variant id -> accuracy, of the profile of the policy that dispatched it (a switch may come before it ends)
+    accuracy: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def worker_id(self) -> int:
