@@ -129,7 +129,7 @@ POLICY_OPTIONS: dict[str, dict] = {
 }
 
 
-def make_mover():
+def make_mover(profile: Profile | None = None):
     """A policy that first moves worker 0 from model m3 to m2 (unload, load), then serves variant v2 (on m2)."""
     from scheduler_sidecar.core.records import Decision, Load, Unload
     from scheduler_sidecar.systems.superserve.baselines import ClipperPlus
@@ -147,4 +147,4 @@ def make_mover():
                 return Decision(unloads=(Unload(workers[0].id, "m3"),), loads=(Load(workers[0].id, "m2"),))
             return super().decide(now_us, queue, workers)
 
-    return MoveToM2(make_profile())
+    return MoveToM2(profile or make_profile())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
@@ -24,10 +26,15 @@ def test_two_query_types_share_workers_without_double_booking():
     assert ends == sorted(set(ends))  # one batch start per instant on the single worker
 
 
-def test_a_loading_worker_serves_nothing_until_the_load_completes():
-    """Simulated load time 50 ms: no batch starts before it; every query is served after it."""
-    world = World((SimWorker(resident=frozenset({"m3"})),), load_ms=50.0)
-    result = Simulator(make_mover(), world).run([0, 1_000, 2_000], [10**7] * 3)
+@pytest.mark.parametrize("stated", ["world", "profile"])
+def test_a_loading_worker_serves_nothing_until_the_load_completes(stated):
+    """Load time 50 ms, set for the world or measured in the profile (the world's default): no batch starts
+    before it; every query is served after it."""
+    profile = make_profile()
+    if stated == "profile":
+        profile = replace(profile, variants=tuple(replace(v, load_ms=50.0) for v in profile.variants))
+    world = World((SimWorker(resident=frozenset({"m3"})),), load_ms=50.0 if stated == "world" else None)
+    result = Simulator(make_mover(profile), world).run([0, 1_000, 2_000], [10**7] * 3)
     assert min(b.start_us for b in result.batches) >= 50_000
     assert result.summary()["met"] == 3 and set(result.variant) == {"v2"}
 

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -7,10 +8,12 @@ from tests.builders import make_profile
 
 
 def test_round_trip(tmp_path):
-    """A saved profile loads back equal."""
+    """A saved profile loads back equal, a measured load time included."""
     profile = make_profile(5)
+    profile = replace(profile, variants=(replace(profile.variants[0], load_ms=850.5), *profile.variants[1:]))
     profile.save(tmp_path / "p.json")
     assert Profile.load(tmp_path / "p.json") == profile
+    assert Profile.load(tmp_path / "p.json").load_ms() == {"m0": 850.5}
 
 
 @pytest.mark.parametrize(
@@ -23,6 +26,7 @@ def test_round_trip(tmp_path):
         (lambda r: r["variants"][0]["latency"]["cpu"].update(batch_sizes=[4, 2, 1, 8, 16]), r"batch_sizes: must be"),
         (lambda r: r["variants"][3].pop("id"), r"variants\[3\].id: missing"),
         (lambda r: r["variants"][1].update(id="v0"), r"duplicate ids \['v0'\]"),
+        (lambda r: r["variants"][1].update(load_ms=-1), r"variants\[1\].load_ms: -1 is not a time"),
     ],
 )
 def test_invalid_profiles_name_file_and_field(tmp_path, mutate, message):

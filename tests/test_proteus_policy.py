@@ -172,3 +172,31 @@ def test_a_type_no_worker_can_serve_does_not_empty_the_plan():
 def test_proteus_config_refuses_values_that_would_hang_or_divide_by_zero(bad):
     with pytest.raises(ValueError, match="proteus"):
         ProteusConfig(**bad)
+
+
+def test_a_waiting_worker_keeps_the_profiles_tail_as_its_guard():
+    """Adaptive batching waits until d - T(q+1) less the guard: the p99 over p50 of that batch on the worker's
+    device kind (none where the profile's p99 is its p50), plus a fixed margin."""
+    from dataclasses import replace
+
+    from scheduler_sidecar.core.plan import Plan
+    from scheduler_sidecar.core.profile import LatencyCurve
+    from scheduler_sidecar.core.records import WorkerState
+    from scheduler_sidecar.systems.proteus.policy import Proteus
+    from scheduler_sidecar.systems.proteus.routing import Route, Routing
+    from tests.builders import Routed, make_profile
+
+    def wakeup(tail_ms: float, guard_us: int = 0) -> int:
+        profile = make_profile()
+        variants = tuple(replace(v, latency={d: LatencyCurve(c.batch_sizes, c.p50_ms, tuple(x + tail_ms for x in c.p50_ms))
+                                             for d, c in v.latency.items()}) for v in profile.variants)
+        policy = Proteus(replace(profile, variants=variants), query_type="m", guard_us=guard_us)
+        policy.observe_plan(0, Plan(0, {}, Routing({"m": (Route(0, variants[-1].id, 1.0, 4),)}, {"m": 1.0})))
+        queues = Routed(policy, [WorkerState(0)])
+        queues.arrive(0, Query(100_000, 0, 0, 0))
+        return queues.decide(0).wakeup_us
+
+    p50_of_two = round(make_profile().variants[-1].latency["cpu"].p50_at(2) * 1000)  # the most accurate variant's
+    assert wakeup(0.0) == 100_000 - p50_of_two
+    assert wakeup(3.0) == 100_000 - p50_of_two - 3_000
+    assert wakeup(3.0, guard_us=1_000) == 100_000 - p50_of_two - 4_000

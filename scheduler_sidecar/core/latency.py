@@ -22,14 +22,20 @@ class LatencyTable:
 
     def us(self, variant_id: str, batch_size: int, device: str) -> int:
         """Expected p50 of a batch of ``batch_size`` on ``device`` in integer microseconds."""
+        p50_ms = self._curve(variant_id, device).p50_at(batch_size)
+        scale = self._scale.get(device)
+        return round((p50_ms if scale is None else p50_ms * scale) * 1000)
+
+    def tail_us(self, variant_id: str, batch_size: int, device: str) -> int:
+        """How much longer than :meth:`us` the batch takes at its profiled p99, in integer microseconds."""
+        return round(self._curve(variant_id, device).tail_at(batch_size) * self.scale(device) * 1000)
+
+    def _curve(self, variant_id: str, device: str):
         try:
-            curve = self._curves[variant_id][device]
+            return self._curves[variant_id][device]
         except KeyError:
             raise ConfigError(f"no latency for variant {variant_id!r} on device kind {device!r}; the profile has "
                               f"{list(self.device_kinds)}") from None
-        p50_ms = curve.p50_at(batch_size)
-        scale = self._scale.get(device)
-        return round((p50_ms if scale is None else p50_ms * scale) * 1000)
 
     def scale(self, device: str) -> float:
         return self._scale.get(device, 1.0)

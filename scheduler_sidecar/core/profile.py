@@ -7,7 +7,8 @@ A profile is a JSON file::
      "variants": [{"id": ..., "accuracy": 0.973,                   # top-1 in [0, 1]
                    "actuation": {"kind": "supernet", "model": "digits", "control": [...]},
                    "latency": {"cpu": {"batch_sizes": [1, ...], "p50_ms": [...], "p99_ms": [...]}},
-                   "memory_bytes": 123456}, ...]}
+                   "memory_bytes": 123456,                         # optional, as are the next two
+                   "load_ms": 850.0}, ...]}                          # its Triton model's measured load time
 
 ``actuation.kind`` is ``supernet`` (a control row for a SubNetAct model), ``model`` (a
 separate Triton model, optional ``version``) or ``pipeline`` (a path through a BLS model).
@@ -48,10 +49,18 @@ class LatencyCurve:
 
     def p50_at(self, batch_size: int) -> float:
         """p50 of a batch of ``batch_size``: a size between profiled ones runs padded to the next one up."""
+        return self.p50_ms[self._at(batch_size)]
+
+    def tail_at(self, batch_size: int) -> float:
+        """How much longer than its p50 a batch of ``batch_size`` takes at the p99 (padded as :meth:`p50_at`)."""
+        i = self._at(batch_size)
+        return max(0.0, self.p99_ms[i] - self.p50_ms[i])
+
+    def _at(self, batch_size: int) -> int:
         i = bisect.bisect_left(self.batch_sizes, batch_size)
         if i == len(self.batch_sizes):
             raise ValueError(f"batch size {batch_size} exceeds the largest profiled one ({self.batch_sizes[-1]})")
-        return self.p50_ms[i]
+        return i
 
     def scaled(self, factor: float) -> LatencyCurve:
         """Every latency multiplied by ``factor``."""
@@ -92,6 +101,7 @@ class Variant:
     latency: dict[str, LatencyCurve]  # device kind -> curve
     memory_bytes: int | None = None
     extras: dict[str, Any] = field(default_factory=dict, compare=False)  # e.g. {"macs": ...}
+    load_ms: float | None = None  # measured time to load its Triton model (a plan's actuation delay); None: unknown
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,10 @@ class Profile:
             picked.append(min(free, key=lambda v: (abs(v.accuracy - target), v.id)))
         return sorted(picked, key=lambda v: v.accuracy)
 
+    def load_ms(self) -> dict[str, float]:
+        """Triton model -> its measured load time, for the variants whose profile states one."""
+        return {v.actuation.model: v.load_ms for v in self.variants if v.load_ms is not None}
+
     def scaled(self, factor: float) -> Profile:
         """The same profile with every latency multiplied by ``factor`` (the sidecar's latency calibration)."""
         return replace(self, variants=tuple(replace(v, latency={d: c.scaled(factor) for d, c in v.latency.items()})
@@ -153,6 +167,8 @@ class Profile:
             }
             if v.memory_bytes is not None:
                 out["memory_bytes"] = v.memory_bytes
+            if v.load_ms is not None:
+                out["load_ms"] = round(v.load_ms, 3)
             return out | ({"extras": v.extras} if v.extras else {})
 
         return json.dumps({"schema": SCHEMA, "name": self.name, "source": self.source, "metadata": self.metadata,
@@ -245,8 +261,12 @@ def _parse(raw: Any, where: str) -> Profile:
             if list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
                 raise ProfileError(f"{c.where}.batch_sizes: must be ascending, distinct and >= 1")
             curves[device] = LatencyCurve(sizes, _numbers(c, "p50_ms", len(sizes)), _numbers(c, "p99_ms", len(sizes)))
+        load_ms = r.get("load_ms", (int, float), required=False)
+        if load_ms is not None and not load_ms >= 0:
+            raise ProfileError(f"{r.where}.load_ms: {load_ms} is not a time >= 0")
         variants.append(Variant(r.get("id", str), float(accuracy), actuation, curves,
-                                r.get("memory_bytes", int, required=False), r.get("extras", dict, required=False) or {}))
+                                r.get("memory_bytes", int, required=False), r.get("extras", dict, required=False) or {},
+                                None if load_ms is None else float(load_ms)))
     ids = [v.id for v in variants]
     if len(set(ids)) != len(ids):
         raise ProfileError(f"{where}.variants: duplicate ids {sorted({i for i in ids if ids.count(i) > 1})}")

@@ -77,7 +77,7 @@ def _config(tritons, paths, args) -> str:
     devices = "".join(f'"{t.grpc_url}" = "{kind}"\n' for t, kind in zip(tritons, DEVICES))
     models = "".join(f'[[models]]\nname = "{q}"\nprofile = "{p}"\npolicy = "proteus"\n'
                      f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n'
-                     '[models.policy_options]\nguard_us = 20000\n' for q, p in paths.items())
+                     for q, p in paths.items())
     return f'[worker_devices]\n{devices}[planner]\nkind = "proteus"\nperiod_s = {args.period_s}\n{models}'
 
 

@@ -63,7 +63,7 @@ CALIBRATION_WINDOW = 64  # batches whose measured/profiled latency ratio is kept
 CALIBRATION_QUANTILE = 90  # plan with a factor most batches stay under
 CALIBRATION_TOLERANCE = 0.1  # re-plan when that factor moves by more than 10%
 CALIBRATION_BOUNDS = (0.5, 10.0)  # a factor outside these means a broken measurement, not a slow worker
-DEFAULT_LOAD_US = 2_000_000  # expected model load time until one has been measured
+DEFAULT_LOAD_US = 2_000_000  # expected model load time until one has been measured, where no profile states one
 
 
 def now_us() -> int:
@@ -183,7 +183,8 @@ class LiveDriver:
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count()
         self._ratios: dict[tuple[str, str], collections.deque[float]] = {}  # (type, device) -> measured/profiled
-        self._load_us: dict[str, int] = {}  # Triton model -> last measured load time
+        # Triton model -> last measured load time (the profile's measured one until then)
+        self._load_us = {m: round(ms * 1000) for _, p in pairs for m, ms in p.profile.load_ms().items()}
         self._timers: set[asyncio.TimerHandle] = set()
         self._tasks: set[asyncio.Task] = set()
 

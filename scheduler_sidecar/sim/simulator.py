@@ -64,7 +64,8 @@ class Simulator:
         if not policies:
             raise ValueError("a simulation needs at least one policy")
         first = next(iter(policies.values()))
-        self.world = config.world(first.device) if isinstance(config, SimConfig) else config
+        world = config.world(first.device) if isinstance(config, SimConfig) else config
+        self.world = world.with_load_times([p.profile for p in policies.values()])
         # Ambiguity: the simulator retried a lost worker's queries without limit before the engine
         # counted attempts; the default keeps that (the live sidecar's default is 3).
         self.types = [QueryType(name, p, max_attempts=max_attempts) for name, p in policies.items()]

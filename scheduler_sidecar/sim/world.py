@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -35,7 +35,8 @@ class World:
     seed: int = 0
     latency_noise: Literal["none", "tail"] = "none"
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
-    load_ms: Mapping[str, float] | float = 0.0  # model load time, per Triton model or for all
+    # model load time, per Triton model or for all; None: the profiles' measured load times, 0 where none is known
+    load_ms: Mapping[str, float] | float | None = None
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -52,8 +53,15 @@ class World:
         return [WorkerState(i, device=w.device, resident=w.resident) for i, w in enumerate(self.workers)]
 
     def load_us(self, model: str) -> int:
-        ms = self.load_ms.get(model, 0.0) if isinstance(self.load_ms, Mapping) else self.load_ms
+        load_ms = self.load_ms or 0.0
+        ms = load_ms.get(model, 0.0) if isinstance(load_ms, Mapping) else load_ms
         return max(1, round(ms * 1000))
+
+    def with_load_times(self, profiles: Sequence[Profile]) -> World:
+        """This world, its load times the profiles' measured ones where it names none (the artifacts' 0 elsewhere)."""
+        if self.load_ms is not None:
+            return self
+        return replace(self, load_ms={m: ms for p in profiles for m, ms in p.load_ms().items()})
 
 
 class BatchLatency:

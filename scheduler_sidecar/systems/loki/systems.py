@@ -56,7 +56,7 @@ class Setup:
     workers: int = 20  # §6.1: 20 GPU workers
     config: LokiConfig = field(default_factory=LokiConfig)
     budget: str = "proportional"  # a task's latency budget (:mod:`.policy`)
-    load_ms: float = 0.0  # a variant swap's load time (digest A15; the artifact's: 0)
+    load_ms: float | None = None  # a variant swap's load time (digest A15); None: measured where known, else 0 (the artifact's)
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
 
 

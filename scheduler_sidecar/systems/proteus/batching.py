@@ -2,10 +2,10 @@
 
 Each strategy looks at one free worker's queue (earliest deadline first)
 and says what to do now: drop hopeless head queries, dispatch a batch of k, or wait until a
-time. ``latency(k)`` is the batch latency on that worker (the profile's); ``max_batch`` is B_max,
-the largest batch within SLO/2 (§4). A strategy that waits for a last safe moment starts
-``guard_us`` before it (live: the tail over the median latency, and the timer's own lateness),
-so that a batch slower than its median still makes the deadline.
+time. ``latency(k)`` is the batch latency on that worker (the profile's p50); ``max_batch`` is
+B_max, the largest batch within SLO/2 (§4). A strategy that waits for a last safe moment starts
+``guard(k)`` before it (the policy's: the profile's p99 over p50 of that batch on that device
+kind, plus any fixed margin), so that a batch slower than its median still makes the deadline.
 
 Decisions on what the paper leaves open, shared by every strategy:
 - A head query that would miss its deadline in the batch the worker would run now (the
@@ -41,12 +41,11 @@ WAIT = Action()
 class Batching(abc.ABC):
     name: str
 
-    def __init__(self, guard_us: int = 0, limit: int = 8) -> None:
-        self.guard_us = guard_us
+    def __init__(self, limit: int = 8) -> None:
         self.limit = limit  # the largest batch the worker can run (the profile's largest size)
 
-    def decide(self, now_us: int, queue: QueueView, latency: Latency, max_batch: int,
-               drop_late: bool = True) -> Action:
+    def decide(self, now_us: int, queue: QueueView, latency: Latency, max_batch: int, drop_late: bool = True,
+               guard: Latency = lambda k: 0) -> Action:
         """What to do with the queue of a free worker (``queue`` is not empty); ``drop_late`` False serves late
         queries instead of dropping them (a policy's ``late_queries="serve"``)."""
         if drop_late:
@@ -57,14 +56,14 @@ class Batching(abc.ABC):
                 drop, left = drop + 1, left - 1
             if drop:
                 return Action(drop=drop)
-        return self.form(now_us, queue, latency, max_batch)
+        return self.form(now_us, queue, latency, max_batch, guard)
 
     def next_batch(self, queued: int, max_batch: int) -> int:
         """The size of the batch a head query would run in now, for the drop test."""
         return min(queued, max_batch)
 
     @abc.abstractmethod
-    def form(self, now_us: int, queue: QueueView, latency: Latency, max_batch: int) -> Action:
+    def form(self, now_us: int, queue: QueueView, latency: Latency, max_batch: int, guard: Latency) -> Action:
         """The queue's head can still make its deadline."""
 
     def completed(self, late: bool) -> None:
@@ -81,11 +80,11 @@ class Adaptive(Batching):
 
     name = "proteus"
 
-    def form(self, now_us, queue, latency, max_batch):
+    def form(self, now_us, queue, latency, max_batch, guard):
         q = len(queue)
         if q >= max_batch:
             return Action(dispatch=max_batch)
-        wait_until = queue.peek().deadline_us - latency(q + 1) - self.guard_us
+        wait_until = queue.peek().deadline_us - latency(q + 1) - guard(q + 1)
         if now_us < wait_until:
             return Action(wakeup_us=wait_until)
         return Action(dispatch=q)
@@ -96,7 +95,7 @@ class Single(Adaptive):
 
     name = "single"
 
-    def form(self, now_us, queue, latency, max_batch):
+    def form(self, now_us, queue, latency, max_batch, guard):
         return Action(dispatch=1)
 
     def next_batch(self, queued, max_batch):
@@ -109,7 +108,7 @@ class Nexus(Batching):
 
     name = "nexus"
 
-    def form(self, now_us, queue, latency, max_batch):
+    def form(self, now_us, queue, latency, max_batch, guard):
         return Action(dispatch=min(len(queue), max_batch))
 
 
@@ -119,10 +118,10 @@ class NexusFill(Batching):
 
     name = "nexus-artifact"
 
-    def form(self, now_us, queue, latency, max_batch):
+    def form(self, now_us, queue, latency, max_batch, guard):
         if len(queue) >= max_batch:
             return Action(dispatch=max_batch)
-        wait_until = queue.peek().deadline_us - latency(max_batch) - self.guard_us
+        wait_until = queue.peek().deadline_us - latency(max_batch) - guard(max_batch)
         if now_us < wait_until:
             return Action(wakeup_us=wait_until)
         return Action(dispatch=len(queue))
@@ -137,11 +136,11 @@ class Aimd(Batching):
     increase = 1
     backoff = 0.9
 
-    def __init__(self, guard_us: int = 0, limit: int = 8) -> None:
-        super().__init__(guard_us, limit)
+    def __init__(self, limit: int = 8) -> None:
+        super().__init__(limit)
         self.cap = 1.0
 
-    def form(self, now_us, queue, latency, max_batch):
+    def form(self, now_us, queue, latency, max_batch, guard):
         return Action(dispatch=min(len(queue), int(self.cap)))
 
     def next_batch(self, queued, max_batch):
@@ -158,12 +157,12 @@ class AimdFull(Batching):
     name = "aimd-artifact"
     sizes = (1, 2, 4, 8)
 
-    def __init__(self, guard_us: int = 0, limit: int = 8) -> None:
-        super().__init__(guard_us, limit)
+    def __init__(self, limit: int = 8) -> None:
+        super().__init__(limit)
         self.sizes = tuple(s for s in self.sizes if s <= limit) or (1,)
         self.step = 0
 
-    def form(self, now_us, queue, latency, max_batch):
+    def form(self, now_us, queue, latency, max_batch, guard):
         size = self.sizes[self.step]
         return Action(dispatch=size) if len(queue) >= size else WAIT
 
@@ -177,7 +176,7 @@ class AimdFull(Batching):
 STRATEGIES: dict[str, type[Batching]] = {b.name: b for b in (Adaptive, Single, Nexus, NexusFill, Aimd, AimdFull)}
 
 
-def make_batching(name: str, guard_us: int = 0, limit: int = 8) -> Batching:
+def make_batching(name: str, limit: int = 8) -> Batching:
     if name not in STRATEGIES:
         raise ValueError(f"unknown batching {name!r}; choose one of {sorted(STRATEGIES)}")
-    return STRATEGIES[name](guard_us, limit)
+    return STRATEGIES[name](limit)

@@ -26,9 +26,11 @@ from scheduler_sidecar.systems.proteus.routing import Route, Routing
 
 class Proteus(Policy):
     """Options: ``query_type`` (the name the planner's routes use; default the profile's name), ``batching``
-    (a :data:`~.batching.STRATEGIES` name) and ``guard_us``, how long before its last safe moment a waiting
-    worker starts a batch (0 in simulation, where batches take their profiled latency; live, the tail over
-    the median latency plus the timer's lateness)."""
+    (a :data:`~.batching.STRATEGIES` name) and ``guard_us``, a fixed margin (the timer's lateness) on top of
+    the guard a waiting worker keeps before its last safe moment: the profile's p99 over p50 of the batch it
+    waits to run, on its device kind, so that a batch slower than its median still makes the deadline. A
+    profile whose p99 is its p50 (the authors' Proteus profile, a simulation without latency noise) has no
+    tail: the worker waits until the last moment, as the paper's adaptive batching does."""
 
     name = "proteus"
     routes = True
@@ -104,8 +106,11 @@ class Proteus(Policy):
             def latency(k: int, variant=variant, device=w.device) -> int:
                 return self.latency.us(variant, k, device) + self.overhead_us
 
+            def guard(k: int, variant=variant, device=w.device) -> int:
+                return self.latency.tail_us(variant, k, device) + self.guard_us
+
             action = self._strategy_of(w.id).decide(now_us, mine, latency, max(1, min(max_batch, self.max_batch)),
-                                                    self.late_queries is LateQueries.DROP)
+                                                    self.late_queries is LateQueries.DROP, guard)
             if action.drop:
                 dropped.extend(q.id for q in mine.head(action.drop))
             elif action.dispatch:
@@ -137,5 +142,5 @@ class Proteus(Policy):
     def _strategy_of(self, wid: int) -> Batching:
         strategy = self._strategy.get(wid)
         if strategy is None:
-            strategy = self._strategy[wid] = make_batching(self.batching, self.guard_us, self.max_batch)
+            strategy = self._strategy[wid] = make_batching(self.batching, self.max_batch)
         return strategy

@@ -66,9 +66,10 @@ def register(papers: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds", type=int, default=None, help="only the trace's first N seconds (default: all)")
     p.add_argument("--fig6-qps", type=float, default=1000.0, help="Fig. 6's constant load (default: 1000)")
     p.add_argument("--fig6-s", type=float, default=60.0, help="Fig. 6's length in seconds (default: 60)")
-    p.add_argument("--load-ms", type=float, default=0.0,
-                   help="model load time, the actuation delay of a plan (default: 0, the artifact's; the live "
-                        "sidecar logs what it measures: 'loaded MODEL on WORKER in N ms')")
+    p.add_argument("--load-ms", type=float, default=None,
+                   help="model load time, the actuation delay of a plan (default: the profile's measured load times "
+                        "where it has them: the authors' has none, so 0, the artifact's; the live sidecar logs what "
+                        "it measures: 'loaded MODEL on WORKER in N ms')")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/proteus"), help="output folder (default: runs/proteus)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object at the end")
@@ -220,7 +221,7 @@ def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], args: argpars
         "# Proteus (ASPLOS '24) reproduced in simulation",
         "",
         f"The authors' profile, 20 CPU + 10 Pascal + 10 Ampere workers, SLO {TRACE_SLO_MS:g} ms, re-planning every "
-        f"{args.period_s:g} s and on bursts, model loads taking {args.load_ms:g} ms; medium-normal_load ({'first ' + str(args.seconds) + ' s' if args.seconds else 'all 292 s'}) "
+        f"{args.period_s:g} s and on bursts, model loads taking {0 if args.load_ms is None else args.load_ms:g} ms; medium-normal_load ({'first ' + str(args.seconds) + ' s' if args.seconds else 'all 292 s'}) "
         f"and the same counts x{args.overload:g}. Violations = (arrived - met) / arrived; accuracy over met queries; "
         "maximum drop = 100 - the lowest 10 s window's accuracy.",
         "",

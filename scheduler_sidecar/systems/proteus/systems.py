@@ -70,7 +70,7 @@ class Setup:
     cluster: Mapping[str, int]  # device kind -> workers
     slo_ms: float
     config: ProteusConfig = field(default_factory=ProteusConfig)
-    load_ms: float = 0.0  # model load time (the artifact's: 0)
+    load_ms: float | None = None  # model load time; None: each profile's measured one where known, else 0 (the artifact's)
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
 
 
