@@ -4,6 +4,9 @@ The same policy class, profile, world and trace go through ``Simulator.run`` and
 :func:`tests.sim_live.run_live`; each query's outcome, serving variant and finish time must be identical.
 That holds only because the live run starts an arrival after every batch completion due at the same
 microsecond, as the simulator does; with arrivals first, most queries of the grid trace below differ.
+SuperServe's policies, RAMSIS (the engine's worker queues) and Proteus (three query types on workers of
+three device kinds, its planner re-planning every 5 s and on bursts, models loading on plan changes) all
+give identical ends.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Outcome, QueryRecord
 from scheduler_sidecar.sim.results import OUTCOME_CODES, SimResult
-from scheduler_sidecar.sim.simulator import Simulator
+from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
 from scheduler_sidecar.systems.superserve.baselines import ClipperPlus
 from scheduler_sidecar.systems.superserve.greedy import MaxBatch
@@ -68,3 +71,49 @@ def test_events_at_equal_times_on_a_grid(policy):
     sim = compare(policy, make_profile(), world, bursty_us(1200, 3.0, grid_us=500))
     assert len(np.intersect1d(sim.arrival_us, sim.finish_us)) > 100
     assert sim.count(Outcome.MET) > 0 and sim.count(Outcome.LATE) > 0
+
+
+def test_ramsis_routes_to_worker_queues_alike(tmp_path):
+    """RAMSIS on the authors' CPU profile, 6 workers and MDP policies for two loads, a gamma trace at CV² 4."""
+    from scheduler_sidecar.experiments.simulate import load_profile
+    from scheduler_sidecar.systems import make_policy
+    from scheduler_sidecar.systems.ramsis import LATENCY_CSV
+    from scheduler_sidecar.systems.ramsis.generate import generate_set
+    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
+    from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, from_profile
+
+    profile = load_profile(LATENCY_CSV, "image_cloud_cpu")
+    generate_set(from_profile(profile, "cpu", "p99_ms", MAX_QUEUE).pareto(), MdpSpec(150.0, 6, 1.0, 100, MAX_QUEUE),
+                 [100.0, 200.0], tmp_path, refine=False)
+    arrival = np.round(traces.gamma(150, 4, 8.0, seed=11).arrival_s * 1e6).astype(np.int64)
+    sim = Simulator(make_policy("ramsis", profile, policy_dir=tmp_path), SimConfig(workers=6)).run(
+        arrival, arrival + 150_000)
+    live = run_live(make_policy("ramsis", profile, policy_dir=tmp_path), SimConfig(workers=6), arrival,
+                    arrival + 150_000)
+    assert live_ends(live) == ends(sim)
+    assert sim.count(Outcome.MET) > 0.9 * len(arrival) and len(set(sim.variant) - {None}) > 1
+
+
+@pytest.mark.parametrize("load_ms", [0.0, 500.0])
+def test_proteus_plans_places_and_routes_alike(load_ms):
+    """Proteus on three of the authors' families, 8 workers of 3 kinds, 15 s of their trace at 4x: plans every 5 s
+    and on bursts, instant or 500 ms model loads (make before break)."""
+    from scheduler_sidecar.systems.proteus.data import Counts, arrivals, load_counts, load_profiles
+    from scheduler_sidecar.systems.proteus.planner import ProteusConfig, ProteusPlanner
+    from scheduler_sidecar.systems.proteus.policy import Proteus
+
+    profiles, counts = load_profiles(), load_counts()
+    families = ("efficientnet", "mobilenet", "resnet")
+    trace = Counts(families, counts.per_second[:15, [counts.families.index(f) for f in families]] * 4)
+    arrival, deadline, names = arrivals(trace, 300.0, seed=0)
+    kinds = ["cpu"] * 4 + ["pascal"] * 2 + ["ampere"] * 2
+    world = World(tuple(SimWorker(k, resident=frozenset()) for k in kinds), load_ms=load_ms)
+    runs = []
+    for _ in range(2):  # the same fresh planner and policies for each driver
+        planner = ProteusPlanner({f: profiles[f] for f in families}, list(enumerate(kinds)), dict.fromkeys(families, 300.0),
+                                 ProteusConfig(period_s=5.0), initial_demand=dict(zip(families, trace.per_second[0])))
+        runs.append((planner, {f: Proteus(profiles[f], query_type=f, device="cpu") for f in families}))
+    sim = Simulator(runs[0][1], world, planner=runs[0][0]).run(arrival, deadline, names)
+    assert live_ends(run_live(runs[1][1], world, arrival, deadline, names, planner=runs[1][0])) == ends(sim)
+    assert runs[0][0].plans >= 3 and runs[1][0].plans == runs[0][0].plans
+    assert sim.count(Outcome.DROPPED) > 0 and len(set(sim.variant) - {None}) > 3
