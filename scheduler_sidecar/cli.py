@@ -36,6 +36,7 @@ COMMAND_MODULES = (
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
 BENCH_MODULES = ("export.bench", "scheduler_sidecar.experiments.bench", "scheduler_sidecar.experiments.sidecar_bench",
+                 "scheduler_sidecar.experiments.fidelity",
                  "scheduler_sidecar.experiments.overload_bench", "scheduler_sidecar.systems.ramsis.bench",
                  "scheduler_sidecar.systems.loki.bench")
 

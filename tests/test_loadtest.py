@@ -108,12 +108,14 @@ def test_report_has_the_table_and_every_plot(recorded_run, tmp_path):
         report.Run.load(tmp_path)
 
 
-def test_fidelity_command_compares_live_and_simulated(fast_build, tmp_path, capsys):
+@pytest.mark.parametrize("system", ["superserve", "ramsis"])
+def test_fidelity_command_compares_live_and_simulated(fast_build, tmp_path, capsys, system):
     trace = tmp_path / "trace.txt"
     constant(30.0, 2.0).save(trace)
-    assert main(["bench", "fidelity", "--profile", str(fast_build.profile_path), "--repository",
+    assert main(["bench", "fidelity", "--system", system, "--profile", str(fast_build.profile_path), "--repository",
                  str(fast_build.repository), "--trace", str(trace), "--slo-ms", "200", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert result["system"] == system and result["policy"] == ("slackfit" if system == "superserve" else "ramsis")
     assert result["queries"] == result["live_client"]["queries"] == result["live_sidecar"]["queries"] == 60
     assert result["simulated"]["met"] + result["simulated"]["late"] + result["simulated"]["dropped"] == 60
     for side in ("client", "sidecar"):

@@ -10,14 +10,6 @@ targets over gRPC, one after the other, in the same run:
   divided by Triton's own, each at its best concurrency from ``--concurrency``.
 
 ``--cprofile FILE`` runs the sidecar under cProfile and prints where its time went.
-
-``accscale bench fidelity``: the live system against the simulator on the same trace,
-profile, policy and worker count (DESIGN 3). The trace is replayed open loop through the
-sidecar in front of real Tritons (``accscale loadtest``) and simulated with the profile's
-p50 latencies (``accscale simulate``). The live side is scored twice: at the client (from
-each request's scheduled arrival, the client's own delays included) and in the sidecar
-(its /metrics, from arrival at the sidecar, which is what the simulator models). SLO
-attainments and mean serving accuracies are printed side by side with their gaps in points.
 """
 
 from __future__ import annotations
@@ -52,18 +44,6 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--cprofile", type=Path, help="run the sidecar under cProfile, save the stats here, print a summary")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
-    f = kinds.add_parser("fidelity", help="live sidecar + Triton vs the simulator on one trace and profile",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    f.add_argument("--profile", type=Path, default=Path("build/full/profile.json"),
-                   help="profile measured through Triton (default: build/full/profile.json, `accscale profile`)")
-    f.add_argument("--repository", type=Path, default=Path("model_repository"),
-                   help="Triton repository exported with that profile (default: model_repository)")
-    f.add_argument("--trace", type=Path, help="trace to replay (default: a bursty 30 s trace, 150 + 250 q/s, CV² 4)")
-    f.add_argument("--policy", default="slackfit", help="policy of both drivers (default: slackfit)")
-    f.add_argument("--workers", type=int, default=1, help="Triton servers, one worker each (default: 1)")
-    f.add_argument("--slo-ms", type=float, default=30.0, help="SLO of trace lines without one (default: 30)")
-    f.add_argument("--json", action="store_true", help="print one JSON object")
-    f.set_defaults(func=run_fidelity)
 
 
 def trivial_model() -> onnx.ModelProto:
@@ -167,83 +147,4 @@ def run(args: argparse.Namespace) -> int:
     if args.cprofile:
         print(f"\nwhere the sidecar's time went (cProfile, {args.cprofile}):", file=sys.stderr)
         pstats.Stats(str(args.cprofile), stream=sys.stderr).sort_stats("tottime").print_stats(15)
-    return 0
-
-
-def sidecar_view(http_url: str) -> dict[str, float]:
-    """SLO attainment and mean serving accuracy as the sidecar counted them (its /metrics): from the
-    request's arrival at the sidecar, so the client's own delays are left out, as in the simulator."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://{http_url}/metrics") as response:
-        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
-    outcomes: dict[str, float] = {}
-    for sample in families["accscale_requests"].samples:
-        if sample.name.endswith("_total"):
-            outcome = sample.labels["outcome"]
-            outcomes[outcome] = outcomes.get(outcome, 0.0) + sample.value
-    accuracy = {s.name: s.value for s in families["accscale_served_accuracy"].samples}
-    count = accuracy.get("accscale_served_accuracy_count", 0.0)
-    total = sum(outcomes.values())
-    return {"queries": int(total), "outcomes": outcomes,
-            "slo_attainment": outcomes.get("met", 0.0) / total if total else 0.0,
-            "mean_serving_accuracy": accuracy.get("accscale_served_accuracy_sum", 0.0) / count if count else 0.0}
-
-
-def run_fidelity(args: argparse.Namespace) -> int:
-    import contextlib
-
-    from loadtest.loadtest_cli import loadtest
-    from loadtest.traces import Trace, bursty
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.experiments.simulate import load_queries
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.config import ModelSpec
-    from scheduler_sidecar.server.serve import SidecarServer
-    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.systems import make_policy
-
-    progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
-    profile = Profile.load(args.profile)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace_path = args.trace or Path(tmp) / "trace.txt"
-        if args.trace is None:
-            bursty(150.0, 250.0, cv2=4.0, duration_s=30.0, seed=0).save(trace_path)
-        trace = Trace.load(trace_path)
-        models = sorted({v.actuation.model for v in profile.variants})
-        with contextlib.ExitStack() as stack:
-            tritons = [stack.enter_context(TritonServer(repository=args.repository, models=models))
-                       for _ in range(args.workers)]
-            sidecar = stack.enter_context(SidecarServer(
-                workers=[t.grpc_url for t in tritons], profile=args.profile,
-                extra_args=["--policy", args.policy, "--default-slo-ms", str(args.slo_ms)]))
-            progress(f"replaying {len(trace)} queries ({trace.mean_rate_qps:.0f} q/s) through the sidecar")
-            client = loadtest(trace_path, sidecar.grpc_url, Path(tmp) / "run", slo_ms=args.slo_ms,
-                              progress_s=0 if args.json else 5.0)["summary"]
-            server = sidecar_view(sidecar.http_url)
-        arrival_us, deadline_us = load_queries(trace_path, args.slo_ms)
-    overhead_us = ModelSpec("digits", args.profile).overhead_us  # what the live policy subtracts from slack
-    policy = make_policy(args.policy, profile, overhead_us=overhead_us)
-    sim = Simulator(policy, SimConfig(workers=args.workers)).run(arrival_us, deadline_us).summary()
-    keys = ("slo_attainment", "mean_serving_accuracy")
-    result = {
-        "queries": len(trace), "policy": args.policy, "workers": args.workers,
-        "live_client": client, "live_sidecar": server,
-        "simulated": {k: sim[k] for k in (*keys, "met", "late", "dropped")},
-        **{f"{what}_gap_pts": {side: round(100 * (view[key] - sim[key]), 2)
-                               for side, view in (("client", client), ("sidecar", server))}
-           for what, key in zip(("attainment", "accuracy"), keys)},
-    }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"{'':<26} {'attainment':>10} {'accuracy':>9}")
-        for name, r in (("live, at the client", client), ("live, in the sidecar", server), ("simulated", sim)):
-            print(f"{name:<26} {r['slo_attainment']:>10.4f} {100 * r['mean_serving_accuracy']:>8.2f}%")
-        for side in ("client", "sidecar"):
-            print(f"gap (points), {side:<12} {result['attainment_gap_pts'][side]:>10.2f} "
-                  f"{result['accuracy_gap_pts'][side]:>9.2f}")
-        print(f"client errors {client['errors']}, p99 send lag {client['p99_send_lag_ms']:.1f} ms")
     return 0
