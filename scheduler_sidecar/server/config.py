@@ -43,6 +43,8 @@ from typing import Any
 
 from scheduler_sidecar.server.protocol import Limits
 from scheduler_sidecar.systems import POLICIES
+from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
+from scheduler_sidecar.systems.hybridserve.planner import MODES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -132,11 +134,8 @@ class PlannerSpec:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"planner: {exc}") from None
 
-    def hybridserve_options(self) -> tuple[Path, str, bool, Any]:
-        """(the family's cascade.json, mode, prune, HybridServeConfig), checked."""
-        from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig
-        from scheduler_sidecar.systems.hybridserve.planner import MODES
-
+    def hybridserve_options(self) -> tuple[Path, str, bool, HybridServeConfig]:
+        """(the family's cascade.json, mode, prune, the planner's settings), checked."""
         known = {f.name for f in fields(HybridServeConfig)}
         unknown = sorted(set(self.options) - known - HYBRIDSERVE_LIVE_OPTIONS)
         if unknown:
@@ -158,11 +157,9 @@ class PlannerSpec:
             raise ValueError(f"planner: {exc}") from None
         return family, mode, prune, config
 
-    def hybridserve_planner(self, bls: str, server: Callable[[int], str] = str):
+    def hybridserve_planner(self, bls: str, server: Callable[[int], str] = str) -> HybridServePlanner:
         """The HybridServe planner these options describe, deploying through the BLS model ``bls``; ``server``
         names each engine worker's Triton server. Runs Algorithms 1 and 2: seconds."""
-        from scheduler_sidecar.systems.hybridserve.live import HybridServePlanner
-
         family, mode, prune, config = self.hybridserve_options()
         try:
             return HybridServePlanner.from_family(family, mode, bls, config, prune=prune, server=server)
