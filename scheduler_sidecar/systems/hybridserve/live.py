@@ -144,7 +144,8 @@ class HybridServePlanner(Planner):
                     self.instances)
 
     def _place(self, servers: dict[str, list[WorkerState]], rate_qps: float) -> placement.Placement:
-        """Algorithm 3 over the servers, up to the instance budget on each."""
+        """Algorithm 3 over the servers, each one device (kernels one at a time, Σu <= 1, as the paper's GPUs),
+        with up to the instance budget times the servers to place."""
         devices = [placement.Device(name, name, self.config.server_memory_mb,
                                     self.config.device_speeds.get(ws[0].device, 1.0)) for name, ws in servers.items()]
         return placement.plan(self.point.validation.reach, self.service_s, self.memory_mb, self.flow, devices,
