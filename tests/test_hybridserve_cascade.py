@@ -8,7 +8,7 @@ import pytest
 
 from python_backend.cascade import ANSWER, confidence, route
 from scheduler_sidecar.systems.hybridserve.calibration import fit_temperature, nll
-from scheduler_sidecar.systems.hybridserve.cascade import Predictions, energy_benefit, evaluate
+from scheduler_sidecar.systems.hybridserve.cascade import Predictions, energy_benefit, evaluate, forwarded
 from scheduler_sidecar.systems.hybridserve.pruning import prune
 from scheduler_sidecar.systems.hybridserve.search import SearchConfig, grid, search
 
@@ -64,6 +64,18 @@ def test_evaluate_counts_reach_answers_and_cost():
     assert out.reach == (1.0, pytest.approx(1 / 3)) and out.answered == (pytest.approx(2 / 3), pytest.approx(1 / 3))
     assert out.accuracy == pytest.approx(2 / 3)  # sample 2 answered wrongly by the first model
     assert out.cost == pytest.approx(1 + 10 / 3)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_the_flow_between_models_accounts_for_every_sample(skip):
+    preds = synthetic([0.6, 0.7, 0.8, 0.9])
+    t = np.array([0.7, 0.6, 0.8])
+    out = evaluate(preds, t[None], np.ones(4), skip)[0]
+    flow = forwarded(preds, t, skip)
+    assert np.allclose(np.triu(flow, 1), flow)  # only forward
+    np.testing.assert_allclose(flow.sum(axis=0) + np.eye(4)[0], out.reach)  # what reaches a model came from before
+    np.testing.assert_allclose(flow.sum(axis=1) + out.answered, out.reach)  # and leaves it, answered or forwarded
+    assert (np.count_nonzero(np.triu(flow, 2)) > 0) == skip  # past the next model only by a skip
 
 
 @pytest.mark.parametrize("accuracies", [[0.7, 0.9], [0.6, 0.8, 0.9]])

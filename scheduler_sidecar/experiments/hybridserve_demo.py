@@ -4,10 +4,12 @@ Builds (or reuses) the family trained here (:mod:`export.cascade_models`, four C
 and the cascade's BLS model, and starts one Triton server whose models run ``--slowdown`` times slower than this
 machine. Each batch sleeps to its profiled latency times that: an emulated slower device, so a model's cost is well
 above a BLS hop's. By default the largest model takes two seconds over a batch of 32, whatever this machine's speed.
-Then, for the largest model alone, AP and EO in turn:
+Then, for the largest model alone, and AP and EO each on the whole family and as Algorithm 2 prunes them (the
+models it keeps, with skip connections where they pay), in turn:
 
-1. instances: the planner's replicas R ∝ ρl within ``--instances`` (the largest alone gets them all), rounded as
-   ``--replicas`` says, set as Triton instance counts (a reload with a config override);
+1. plan: HybridServe's planner (:class:`~scheduler_sidecar.systems.hybridserve.live.HybridServePlanner`) makes the
+   deployment's plan: the cascade the BLS runs, and the replicas R ∝ ρl within ``--instances`` (the largest alone
+   gets them all), rounded as ``--replicas`` says, as Triton instance counts (a reload with a config override);
 2. saturation: ``--clients`` closed-loop clients send batches of 32 test images straight to Triton (the BLS, or
    the largest model alone); throughput over ``--saturate-s`` after ``--warmup-s``, and worker-seconds per request
    from Triton's statistics (the models' busy time, their emulated sleep included, over the requests answered),
@@ -15,12 +17,14 @@ Then, for the largest model alone, AP and EO in turn:
    e_n / Σρe (every model at full batches), the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32
    (§V-C; :meth:`OperatingPoint.batched_cost`), both with replicas in exact proportion to the work, and the
    deployed instances' (:meth:`OperatingPoint.capacity_rps`, the busiest model's capacity);
-3. replay: the sidecar in front (the cascade a logical model with an SLO, policy ``cascade``, the mode's plan
-   file), a bursty trace of single images (gamma, CV² 4) at ``--rate-qps`` for ``--duration-s`` with
+3. replay: the sidecar in front, with the same planner (``[planner] kind = "hybridserve"``: it searches and prunes
+   again, deterministically, and sends its cascade with every batch; the cascade is a logical model with an SLO,
+   policy ``cascade``), a bursty trace of single images (gamma, CV² 4) at ``--rate-qps`` for ``--duration-s`` with
    ``tritonclient``: met, late, refused, accuracy, the share each model answered, and answers given early because
    the SLO left no time for the next model.
 
-Written to --out: ``modes.csv``, ``replay.csv`` and ``summary.md``.
+Written to --out: ``modes.csv``, ``pruning.csv`` (AP and EO, unpruned beside pruned), ``replay.csv`` and
+``summary.md``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ BLS_INSTANCES = 64
 # model alone cannot keep up with a replay this machine's two cores can send through the sidecar
 LARGEST_BATCH_MS = 2000.0
 ROWS = 32  # images per saturation request
+# (row name, mode, pruned by Algorithm 2): the largest model alone, and AP and EO on the whole family and pruned
+DEPLOYMENTS = (("largest", "largest", False), ("ap", "ap", False), ("ap-pruned", "ap", True), ("eo", "eo", False),
+               ("eo-pruned", "eo", True))
 
 
 def register(demos: argparse._SubParsersAction) -> None:
@@ -78,65 +85,95 @@ def run(args: argparse.Namespace) -> int:
 
     from export import repository
     from export.cascade_models import build
+    from scheduler_sidecar.core.plan import Demand
     from scheduler_sidecar.live.triton_launcher import TritonServer
     from scheduler_sidecar.server.serve import SidecarServer
     from scheduler_sidecar.systems.hybridserve.family import Family
-    from scheduler_sidecar.systems.hybridserve.planner import MODES, operating_points
+    from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig
 
     out = args.out or Path("runs") / time.strftime("hybridserve-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    family = Family.load(build(args.build_dir / "hybridserve"))
+    stamp = build(args.build_dir / "hybridserve")
+    family = Family.load(stamp)
     # a derived factor under 1 (a machine slower than the default device) runs the models as they are
     args.slowdown = args.slowdown or max(1.0, LARGEST_BATCH_MS / family.models[-1].latency.p50_at(ROWS))
     period_s = args.slowdown * family.models[-1].latency.p50_at(ROWS) / 1000
-    points = operating_points(family)
-    temperatures = {m.name: m.temperature for m in family.models}
-    exec_ms = {m.name: m.latency.p50_ms[0] * args.slowdown for m in family.models}
+    planners = _planners(family, HybridServeConfig(args.instances, args.replicas, args.slowdown))
     repo = family.folder / "repository"
-    repository.write_cascade(repo, BLS, points["ap"].cascade.plan(temperatures, exec_ms), family.names,
-                             max_batch_size=ROWS, instances=BLS_INSTANCES)
+    repository.write_cascade(repo, BLS, planners["ap-pruned"].bls_plan, family.names, max_batch_size=ROWS,
+                             instances=BLS_INSTANCES)
     images, labels = family.images("test")
     # an emulated device sleeps most of each batch: GPUs would read idle power, so its energy is the power model's
     meter = nvml_meter() if args.slowdown == 1 else None
     modes, replays = [], []
     with TritonServer(repository=repo, models=[*family.names, BLS], emulate_slowdown=args.slowdown) as triton:
-        for mode in MODES:
-            point = points[mode]
-            replicas = point.replicas(family, args.instances, ROWS, args.replicas)
-            _set_instances(triton.grpc_url, family.names, dict(zip(point.cascade.models, replicas)))
-            plan_file = out / f"plan-{mode}.json"
-            plan_file.write_text(json.dumps(point.cascade.plan(temperatures, exec_ms)))
-            print(f"{mode}: instances {dict(zip(point.cascade.models, replicas))}")
-            target = family.names[-1] if mode == "largest" else BLS
-            params = {} if mode == "largest" else {"cascade_plan": plan_file.read_text()}
-            measured = asyncio.run(_saturate(triton.grpc_url, target, point.cascade.models, images, params, meter,
-                                             period_s, args))
-            modes.append({"mode": mode, "instances": " ".join(map(str, replicas)),
+        for name, mode, prune in DEPLOYMENTS:
+            planner = planners[name]
+            point, plan = planner.point, planner.plan(0, Demand(0, 0, {}))
+            _set_instances(triton.grpc_url, plan.instances)
+            replicas = tuple(planner.replicas.values())
+            print(f"{name}: models {' '.join(point.cascade.models)}, skip {point.cascade.skip}, instances "
+                  f"{dict(planner.replicas)}")
+            params = {} if mode == "largest" else {"cascade_plan": json.dumps(plan.detail.bls)}
+            measured = asyncio.run(_saturate(triton.grpc_url, planner.bls, point.cascade.models, images, params,
+                                             meter, period_s, args))
+            modes.append({"mode": name, "models": " ".join(_short(m) for m in point.cascade.models),
+                          "skip": point.cascade.skip, "instances": " ".join(map(str, replicas)),
                           "alg1_cost_us": round(1e6 * point.validation.cost, 3),
                           "batched_cost_us": round(1e6 * point.batched_cost(family, ROWS), 3),
                           "capacity_rps": round(point.capacity_rps(family, replicas, ROWS) / args.slowdown, 1),
                           **measured})
-            profile = _profile(out, family, point, args.slowdown)
-            config = out / f"sidecar-{mode}.toml"
-            config.write_text(f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
-                              f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n'
-                              f'policy_options = {{ plan = "{plan_file.absolute()}" }}\n')
+            config = out / f"sidecar-{name}.toml"
+            config.write_text(_sidecar_config(stamp, _profile(out, name, family, point, args.slowdown), mode, prune,
+                                              args))
             with contextlib.ExitStack() as stack:
                 sidecar = stack.enter_context(SidecarServer(workers=[triton.grpc_url], config=config))
-                replays.append({"mode": mode, **asyncio.run(_replay(sidecar.grpc_url, point.cascade.models,
+                replays.append({"mode": name, **asyncio.run(_replay(sidecar.grpc_url, point.cascade.models,
                                                                     family.names, images, labels, args))})
-    _write(out, modes, replays, family, points, args)
+    _write(out, modes, replays, args)
     return 0
 
 
-def _set_instances(url: str, models: list[str], instances: dict[str, int]) -> None:
-    """Each model's instance count (1 for those the mode leaves out), by a reload with a config override."""
+def _planners(family, config) -> dict:
+    """Each of DEPLOYMENTS' planners, Algorithm 1 run once for all of them (the sidecar's, from the same family and
+    search settings, finds the same cascades)."""
+    from scheduler_sidecar.systems.hybridserve.live import HybridServePlanner
+    from scheduler_sidecar.systems.hybridserve.planner import operating_points, pruned_point
+    from scheduler_sidecar.systems.hybridserve.pruning import prune
+    from scheduler_sidecar.systems.hybridserve.search import search
+
+    search_split = family.predictions("search")
+    result = search(search_split, family.costs)
+    whole = operating_points(family, result=result)
+    planners = {}
+    for name, mode, pruned in DEPLOYMENTS:
+        point = (pruned_point(family, prune(search_split, family.costs, mode, searched=result), mode) if pruned
+                 else whole[mode])
+        # the largest alone is served by its own Triton model, not through the BLS
+        planners[name] = HybridServePlanner(family, point, family.names[-1] if mode == "largest" else BLS, config)
+    return planners
+
+
+def _sidecar_config(stamp: Path, profile: Path, mode: str, prune: bool, args) -> str:
+    return (f'[planner]\nkind = "hybridserve"\nfamily = "{stamp.absolute()}"\nmode = "{mode}"\n'
+            f'prune = {str(prune).lower()}\ninstances = {args.instances}\nrounding = "{args.replicas}"\n'
+            f'slowdown = {args.slowdown}\n'
+            f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
+            f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n')
+
+
+def _short(model: str) -> str:
+    return model.removeprefix("cascade_")
+
+
+def _set_instances(url: str, instances: dict[str, int]) -> None:
+    """Each model's instance count, by a reload with a config override."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
-    for model in models:
+    for model, count in instances.items():
         config = client.get_model_config(model, as_json=True)["config"]
-        config["instance_group"] = [{"count": instances.get(model, 1), "kind": "KIND_CPU"}]
+        config["instance_group"] = [{"count": count, "kind": "KIND_CPU"}]
         client.load_model(model, config=json.dumps(config))
 
 
@@ -198,7 +235,7 @@ async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.n
             "energy_mj_per_request": round(energy_mj, 3), "energy_source": source}
 
 
-def _profile(out: Path, family, point, slowdown: float) -> Path:
+def _profile(out: Path, name: str, family, point, slowdown: float) -> Path:
     """The cascade as one variant, for the sidecar's admission and queue: at batch b, the sum over its models of
     their latency at their share of the batch (escalations run one after another)."""
     from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
@@ -208,7 +245,7 @@ def _profile(out: Path, family, point, slowdown: float) -> Path:
     sizes = curves[0].batch_sizes
     ms = tuple(slowdown * sum(c.p50_at(max(1, int(np.ceil(rho * b)))) for c, rho in zip(curves, point.test.reach))
                for b in sizes)
-    path = out / f"profile-{point.mode}.json"
+    path = out / f"profile-{name}.json"
     actuation = (Actuation("pipeline", BLS, path=point.cascade.models) if len(index) > 1
                  else Actuation("model", point.cascade.models[0]))
     Profile(f"cascade-{point.mode}", f"{family.folder} x{slowdown:g}",
@@ -255,11 +292,12 @@ async def _replay(url: str, cascade: tuple[str, ...], names: list[str], images: 
     answered = counts["met"] + counts["late"]
     return {"sent": len(arrivals), "met": counts["met"], "late": counts["late"], "refused": counts["refused"],
             "accuracy": round(100 * counts["right"] / max(1, answered), 2),
-            "answered_by": " ".join(f"{m}:{by_model[m]}" for m in cascade),
+            # every model that answered, the cascade's or not: what the sidecar's plan had the BLS run
+            "answered_by": " ".join(f"{m}:{by_model[m]}" for m in names if by_model[m]),
             "answered_early": counts["early"]}
 
 
-def _write(out: Path, modes: list[dict], replays: list[dict], family, points, args) -> None:
+def _write(out: Path, modes: list[dict], replays: list[dict], args) -> None:
     from scheduler_sidecar.sim.results import markdown_table, write_rows
 
     largest = next(m for m in modes if m["mode"] == "largest")
@@ -270,7 +308,9 @@ def _write(out: Path, modes: list[dict], replays: list[dict], family, points, ar
         m["replicas_predicts"] = round(m["capacity_rps"] / largest["capacity_rps"], 2)
         m["measured_over_batched"] = round(m["throughput_vs_largest"] / m["batched_predicts"], 2)
         m["measured_over_replicas"] = round(m["throughput_vs_largest"] / m["replicas_predicts"], 2)
+    pruning = _pruning_rows(modes)
     write_rows(modes, out / "modes.csv")
+    write_rows(pruning, out / "pruning.csv")
     write_rows(replays, out / "replay.csv")
     summary = "\n\n".join([
         "# HybridServe live demo",
@@ -282,7 +322,22 @@ def _write(out: Path, modes: list[dict], replays: list[dict], family, points, ar
         "Predicted throughput ratios against the largest alone: `alg1` from Algorithm 1's cost (full batches "
         "everywhere), `batched` from each model's share of a batch, both as if replicas were exactly proportional "
         "to the work; `replicas` from the deployed instance counts (`capacity_rps`, the busiest model's).",
-        "## Replay (behind the sidecar)\n\n" + markdown_table(replays, list(replays[0])),
+        "## Pruning (Algorithm 2) live: the whole family -> the models kept, with skips where they pay\n\n"
+        + markdown_table(pruning, list(pruning[0])),
+        "## Replay (behind the sidecar and its HybridServe planner)\n\n" + markdown_table(replays, list(replays[0])),
     ]) + "\n"
     (out / "summary.md").write_text(summary)
     print(summary)
+
+
+def _pruning_rows(modes: list[dict]) -> list[dict]:
+    """AP and EO, the whole family's cascade -> the pruned one, side by side."""
+    by = {m["mode"]: m for m in modes}
+    rows = []
+    for mode in ("ap", "eo"):
+        whole, pruned = by[mode], by[f"{mode}-pruned"]
+        rows.append({"mode": mode, **{k: f"{whole[k]} -> {pruned[k]}" for k in (
+            "models", "skip", "instances", "alg1_cost_us", "batched_cost_us", "worker_ms_per_request",
+            "capacity_rps", "throughput_rps")},
+            "throughput_pruned_over_whole": round(pruned["throughput_rps"] / whole["throughput_rps"], 2)})
+    return rows

@@ -18,7 +18,7 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
 
     [planner]                 # a periodic planner places variants on workers (each worker: one device, one slot)
     kind = "proteus"          # its other keys are ProteusConfig's (period_s, burst_factor, headroom, ...)
-    period_s = 30.0
+    period_s = 30.0           # (kinds "loki" and "hybridserve": see PlannerSpec)
 
     [[models]]
     name = "digits"            # the logical model clients address
@@ -36,12 +36,15 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from scheduler_sidecar.server.protocol import Limits
 from scheduler_sidecar.systems import POLICIES
+from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
+from scheduler_sidecar.systems.hybridserve.planner import MODES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -75,16 +78,22 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: overhead_us must be >= 0")
 
 
-PLANNERS = ("proteus", "loki")
+# planner kind -> the policy it routes for (its models' policy)
+PLANNERS = {"proteus": "proteus", "loki": "loki", "hybridserve": "cascade"}
 LOKI_LIVE_OPTIONS = {"pipeline", "instances", "drop", "budget", "slowdown"}  # beside LokiConfig's
+HYBRIDSERVE_LIVE_OPTIONS = {"family", "mode", "prune"}  # beside HybridServeConfig's
 
 
 @dataclass(frozen=True)
 class PlannerSpec:
-    """A periodic planner with its options: ``proteus`` (the MILP of ``systems/proteus``; ProteusConfig's options)
-    or ``loki`` (``systems/loki``'s live controller: ``pipeline``, the path of a pipeline's loki.json;
+    """A periodic planner with its options: ``proteus`` (the MILP of ``systems/proteus``; ProteusConfig's options),
+    ``loki`` (``systems/loki``'s live controller: ``pipeline``, the path of a pipeline's loki.json;
     ``instances``, the replica budget; ``drop``; ``budget``; ``slowdown``, the emulated device's factor on the
-    pipeline's profiled latencies; and LokiConfig's options)."""
+    pipeline's profiled latencies; and LokiConfig's options) or ``hybridserve`` (``systems/hybridserve``'s planner
+    of one cascade model: ``family``, the path of a family's cascade.json; ``mode``, ap (default), eo or largest;
+    ``prune``, Algorithm 2 with skips where they pay (default true); and HybridServeConfig's options: ``instances``,
+    the instance budget of each server, ``rounding``, ``slowdown``, ``period_s``, ``min_demand_qps``,
+    ``server_memory_mb``, ``device_speeds``, a table of device kind = speed)."""
 
     kind: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -94,8 +103,15 @@ class PlannerSpec:
             raise ValueError(f"planner: unknown kind {self.kind!r}; choose one of {list(PLANNERS)}")
         if self.kind == "proteus":
             self.proteus_config()  # checks the options
-        else:
+        elif self.kind == "loki":
             self.loki_planner()
+        else:
+            self.hybridserve_options()  # the planner itself searches for seconds: built by the sidecar, once
+
+    @property
+    def policy(self) -> str:
+        """The policy this planner routes for: every model's."""
+        return PLANNERS[self.kind]
 
     def loki_planner(self):
         """The live Loki planner these options describe (it reads the pipeline's loki.json)."""
@@ -117,6 +133,38 @@ class PlannerSpec:
                                drop=live.get("drop", "rerouting"), budget=live.get("budget", "proportional"))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"planner: {exc}") from None
+
+    def hybridserve_options(self) -> tuple[Path, str, bool, HybridServeConfig]:
+        """(the family's cascade.json, mode, prune, the planner's settings), checked."""
+        known = {f.name for f in fields(HybridServeConfig)}
+        unknown = sorted(set(self.options) - known - HYBRIDSERVE_LIVE_OPTIONS)
+        if unknown:
+            raise ValueError(f"planner: unknown options {unknown}; known: {sorted(known | HYBRIDSERVE_LIVE_OPTIONS)}")
+        if "family" not in self.options:
+            raise ValueError("planner: hybridserve needs 'family', the path of a family's cascade.json "
+                             "(export/cascade_models.py builds it)")
+        family = Path(str(self.options["family"]))
+        if not family.is_file():
+            raise ValueError(f"planner: hybridserve's family {str(family)!r} is not a file")
+        mode, prune = self.options.get("mode", "ap"), self.options.get("prune", True)
+        if mode not in MODES:
+            raise ValueError(f"planner: hybridserve's mode must be one of {list(MODES)}, got {mode!r}")
+        if not isinstance(prune, bool):
+            raise ValueError(f"planner: hybridserve's prune must be true or false, got {prune!r}")
+        try:
+            config = HybridServeConfig(**{k: v for k, v in self.options.items() if k in known})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"planner: {exc}") from None
+        return family, mode, prune, config
+
+    def hybridserve_planner(self, bls: str, server: Callable[[int], str] = str) -> HybridServePlanner:
+        """The HybridServe planner these options describe, deploying through the BLS model ``bls``; ``server``
+        names each engine worker's Triton server. Runs Algorithms 1 and 2: seconds."""
+        family, mode, prune, config = self.hybridserve_options()
+        try:
+            return HybridServePlanner.from_family(family, mode, bls, config, prune=prune, server=server)
+        except (OSError, KeyError, ValueError) as exc:
+            raise ValueError(f"planner: hybridserve: {exc}") from None
 
     def proteus_config(self):
         """The options as a ProteusConfig (imported here: it brings the MILP solver)."""
@@ -165,9 +213,13 @@ class SidecarConfig:
         if stray:
             raise ValueError(f"worker_devices names workers that are not in workers: {stray}")
         if self.planner is not None:
-            others = sorted({m.policy for m in self.models} - {self.planner.kind})
+            others = sorted({m.policy for m in self.models} - {self.planner.policy})
             if others:
-                raise ValueError(f"planner {self.planner.kind!r} routes for its own policy; models use {others}")
+                raise ValueError(f"planner {self.planner.kind!r} routes for its own policy "
+                                 f"({self.planner.policy!r}); models use {others}")
+            if self.planner.kind == "hybridserve" and len(self.models) != 1:
+                raise ValueError(f"planner 'hybridserve' plans one cascade, the only model; there are "
+                                 f"{len(self.models)}")
         for spec in self.models:
             if spec.default_slo_us > self.max_slo_us:
                 raise ValueError(f"model {spec.name!r}: default_slo_us {spec.default_slo_us} is above max_slo_us "

@@ -126,7 +126,8 @@ class Sidecar:
             slots = await _slots(worker, self.pool.models)
             self.driver.add_worker(worker, slots, device=device)
         else:  # a planned worker is one device: one batch at a time, the models the plan put there
-            slots = 1
+            # (but a cascade's BLS instance holds its batch through every hop: its instances are the slots)
+            slots = await _slots(worker, self.triton_models) if self.config.planner.kind == "hybridserve" else 1
             resident = self._resident.get(worker.url)
             if resident is None:
                 resident = self._resident[worker.url] = await self._loaded(worker)
@@ -155,6 +156,11 @@ class Sidecar:
         engine = self.driver.engine
         if self.config.planner.kind == "loki":
             planner = self.config.planner.loki_planner()
+        elif self.config.planner.kind == "hybridserve":  # seconds of search: off the event loop
+            bls = self.profiles[self.config.models[0].name].variants[-1].actuation.model  # the one cascade's
+            slots = self.driver.slots
+            planner = await asyncio.get_running_loop().run_in_executor(
+                None, self.config.planner.hybridserve_planner, bls, lambda sid: slots[sid].worker.url)
         else:
             planner = ProteusPlanner(self.profiles, [(w.id, w.device) for w in engine.workers],
                                      {m.name: m.default_slo_us / 1000 for m in self.config.models},
@@ -242,7 +248,7 @@ class Sidecar:
         options = {} if options is None else options
         if not isinstance(options, dict):
             raise InvalidRequest(f"'options' must be an object, got {quote(options)}")
-        if self.config.planner is not None and policy != self.config.planner.kind:
+        if self.config.planner is not None and policy != self.config.planner.policy:
             raise InvalidRequest(f"the {self.config.planner.kind} planner routes for its own policy; "
                                  f"{quote(policy)} cannot serve a planned model")
         files = sorted(set(options) & getattr(POLICIES.get(policy), "file_options", frozenset()))

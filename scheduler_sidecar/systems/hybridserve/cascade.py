@@ -7,6 +7,7 @@ here it is the measured worker-seconds per request (and energy follows from a po
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,23 +90,42 @@ def evaluate(preds: Predictions, thresholds: np.ndarray, costs: np.ndarray, skip
                                           cost.tolist())]
 
 
+def forwarded(preds: Predictions, thresholds: np.ndarray, skip: bool = False) -> np.ndarray:
+    """flow [n, n]: the share of samples model i forwards to model j > i at ``thresholds`` [n - 1] (the dataflow's
+    edges, which the placement program weighs; with skips, not only j = i + 1)."""
+    n, samples = preds.conf.shape
+    flow = np.zeros((n, n))
+    for i, here, nxt in _steps(preds, np.atleast_2d(np.asarray(thresholds, dtype=np.float64)), skip):
+        onward = nxt[here]
+        flow[i] = np.bincount(onward[onward != ANSWER], minlength=n) / samples
+    return flow
+
+
 def _walk(preds: Predictions, t: np.ndarray, skip: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(answering model [K, N], reach [K, n]): every sample starts at model 0 and moves forward by :func:`route`."""
+    """(answering model [K, N], reach [K, n])."""
+    samples = preds.conf.shape[1]
+    by = np.full((len(t), samples), ANSWER, dtype=np.int8)
+    reach = np.empty((len(t), preds.models))
+    for i, here, nxt in _steps(preds, t, skip):
+        reach[:, i] = np.count_nonzero(here, axis=1) / samples
+        np.copyto(by, i, where=here & (nxt == ANSWER))
+    return by, reach
+
+
+def _steps(preds: Predictions, t: np.ndarray, skip: bool) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Every sample starts at model 0 and moves forward by :func:`route`: for each model i in turn, (i, the samples
+    at it [K, N], where each sample would go from it [K, N]) for thresholds ``t`` [K, n - 1]."""
     n, samples = preds.conf.shape
     if t.shape[1] != n - 1:
         raise ValueError(f"a cascade of {n} models takes {n - 1} thresholds, got {t.shape[1]}")
     # int8 and in-place updates: the walk is memory-bound over K x N, and a cascade has far fewer than 127 models
     at = np.zeros((len(t), samples), dtype=np.int8)  # the model each sample is at (ANSWER once answered)
-    by = np.full((len(t), samples), ANSWER, dtype=np.int8)
-    reach = np.empty((len(t), n))
     for i in range(n):
         here = at == i
-        reach[:, i] = np.count_nonzero(here, axis=1) / samples
         threshold = t[:, i, None] if i < n - 1 else np.zeros((len(t), 1))
         nxt = route(i, preds.conf[i], threshold, n - 1, skip)
-        np.copyto(by, i, where=here & (nxt == ANSWER))
+        yield i, here, nxt
         np.copyto(at, nxt, where=here, casting="unsafe")
-    return by, reach
 
 
 def cascade_cost(reach: np.ndarray, costs: np.ndarray) -> float:

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from python_backend.runners import MODEL_FILE
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.systems.hybridserve.cascade import Predictions
 
 DEVICE = "cpu"
+RUNTIME_MB = 60.0  # an instance's memory beyond its ONNX file: the runtime and its buffers
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ class Family:
         """(images [N, 1, 16, 16], labels) of the search or test split."""
         z = self._arrays
         return z[f"{split}_images"], z[f"{split}_labels"]
+
+    def memory_mb(self, name: str) -> float:
+        """The memory an instance of model ``name`` holds (the placement program's ω): its ONNX file and RUNTIME_MB."""
+        return RUNTIME_MB + (self.folder / "repository" / name / "1" / MODEL_FILE).stat().st_size / 2**20
 
     def difficulty(self, split: str) -> np.ndarray:
         return self._arrays[f"{split}_difficulty"]

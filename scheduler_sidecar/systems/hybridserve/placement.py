@@ -219,11 +219,3 @@ def _within_totals(instances: Sequence[Instance], devices: Sequence[Device]) -> 
     return sum(s.memory_mb for s in instances) <= sum(d.memory_mb for d in devices) and \
         sum(s.utilisation for s in instances) <= sum(d.speed for d in devices)
 
-
-def chain_flow(reach: Sequence[float], answered: Sequence[float]) -> np.ndarray:
-    """``flow`` without skips: model i forwards what reaches it and it does not answer to model i + 1."""
-    n = len(reach)
-    flow = np.zeros((n, n))
-    for i in range(n - 1):
-        flow[i, i + 1] = reach[i] - answered[i]
-    return flow

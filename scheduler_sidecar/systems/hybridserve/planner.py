@@ -1,6 +1,7 @@
 """HybridServe's offline planner over a family built here: the cascades of its operating points (AP, EO and the
-largest model alone), the replicas of each model within an instance budget (:func:`.placement.replicas`), and the
-cost of a request: measured worker-seconds (energy follows, :mod:`.energy`).
+largest model alone; AP and EO on the whole family, or on the models Algorithm 2 keeps), the replicas of each model
+within an instance budget (:func:`.placement.replicas`), and the cost of a request: measured worker-seconds (energy
+follows, :mod:`.energy`). The live planner that deploys them is :class:`.live.HybridServePlanner`.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Outcome, evaluate
+from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Outcome, evaluate, forwarded
 from scheduler_sidecar.systems.hybridserve.family import Family
 from scheduler_sidecar.systems.hybridserve.placement import NEAREST, replicas
+from scheduler_sidecar.systems.hybridserve.pruning import Pruned
 from scheduler_sidecar.systems.hybridserve.search import DEFAULT_SEARCH, SearchConfig, SearchResult, search
 
 MODES = ("ap", "eo", "largest")
@@ -29,7 +31,7 @@ class OperatingPoint:
         ⌈ρ_i batch⌉ rows of each (§V-C, "each model processed ρ_i b"), at its profiled latency for that many."""
         batch = batch or family.cost_batch
         rows = [max(1, int(np.ceil(rho * batch - 1e-9))) for rho in self.validation.reach]
-        curves = [family.models[family.names.index(m)].latency for m in self.cascade.models]
+        curves = [family.models[i].latency for i in self._index(family)]
         return np.array([c.p50_at(k) / 1000 / k for c, k in zip(curves, rows)])
 
     def batched_cost(self, family: Family, batch: int | None = None) -> float:
@@ -51,21 +53,37 @@ class OperatingPoint:
         reached = work > 0
         return float(np.min(np.asarray(replicas)[reached] / work[reached]))
 
+    def flow(self, family: Family) -> np.ndarray:
+        """flow[i, j]: the share of requests model i forwards to model j, on the search split (the placement
+        program's edges, :func:`.placement.place`)."""
+        return forwarded(family.predictions("search").subset(self._index(family)), np.array(self.cascade.thresholds),
+                         self.cascade.skip)
+
+    def _index(self, family: Family) -> list[int]:
+        return [family.names.index(m) for m in self.cascade.models]
+
 
 def operating_points(family: Family, *, skip: bool = False, config: SearchConfig = DEFAULT_SEARCH,
                      result: SearchResult | None = None) -> dict[str, OperatingPoint]:
     """AP and EO from Algorithm 1 on the search split (``result``, if already run), and the largest model alone."""
-    search_split, test_split = family.predictions("search"), family.predictions("test")
-    result = result or search(search_split, family.costs, skip=skip, config=config)
-    points = {}
-    for mode, point in (("ap", result.ap), ("eo", result.eo)):
-        cascade = Cascade(tuple(family.names), point.thresholds, skip)
-        points[mode] = OperatingPoint(mode, cascade, point,
-                                      evaluate(test_split, np.array([point.thresholds]), family.costs, skip)[0])
-    last = [len(family.models) - 1]
-    largest = Cascade((family.names[-1],), ())
-    empty = np.zeros((1, 0))
-    points["largest"] = OperatingPoint("largest", largest,
-                                       *(evaluate(s.subset(last), empty, family.costs[last])[0]
-                                         for s in (search_split, test_split)))
-    return points
+    result = result or search(family.predictions("search"), family.costs, skip=skip, config=config)
+    every = list(range(len(family.models)))
+    return {"ap": _point(family, "ap", every, result.ap.thresholds, skip),
+            "eo": _point(family, "eo", every, result.eo.thresholds, skip),
+            "largest": _point(family, "largest", every[-1:], (), False)}
+
+
+def pruned_point(family: Family, pruned: Pruned, mode: str) -> OperatingPoint:
+    """``mode``'s cascade after Algorithm 2 (``pruned``: :func:`.pruning.prune` of the search split for ``mode``): the
+    models it kept, with skip connections where they pay (:meth:`.pruning.Pruned.deployed`)."""
+    outcome, skip = pruned.deployed(mode)
+    return _point(family, mode, list(pruned.kept), outcome.thresholds, skip)
+
+
+def _point(family: Family, mode: str, index: list[int], thresholds: tuple[float, ...], skip: bool) -> OperatingPoint:
+    """The cascade of the family's models ``index`` at ``thresholds``, evaluated on the search and the test split."""
+    cascade = Cascade(tuple(family.names[i] for i in index), tuple(thresholds), skip)
+    t = np.array([thresholds], dtype=np.float64).reshape(1, len(index) - 1)
+    validation, test = (evaluate(family.predictions(split).subset(index), t, family.costs[index], skip)[0]
+                        for split in ("search", "test"))
+    return OperatingPoint(mode, cascade, validation, test)

@@ -8,7 +8,11 @@ Decisions where the paper is silent or self-contradictory:
   largest model is never removed (it anchors accuracy and its benefit is undefined);
 - skips: the uniform bins of the text (:mod:`python_backend.cascade`), not line 5's LogUniform draw; with skips on,
   the thresholds are searched again with the skip routing in the evaluation, since a skip changes who reaches
-  whom and so which thresholds keep the accuracy.
+  whom and so which thresholds keep the accuracy;
+- the paper configures skips without saying when they are worth it. Deployed where they pay (:meth:`Pruned.deployed`):
+  where the skip front has a point at least as accurate as the chain's point of the mode and cheaper. That point
+  keeps the mode's accuracy (AP's, the largest model's; EO's knee) and costs less, so the skips are a plain gain;
+  a cheaper skip point that loses accuracy is not taken (that trade is a different operating point).
 """
 
 from __future__ import annotations
@@ -41,6 +45,13 @@ class Pruned:
     def point(self, mode: str, skip: bool) -> Outcome:
         result = self.skips if skip else self.chain
         return result.ap if mode == "ap" else result.eo
+
+    def deployed(self, mode: str) -> tuple[Outcome, bool]:
+        """(the point of ``mode`` to deploy on the kept models, whether it uses skips): skips where they pay (module
+        notes), the cheapest skip point at least as accurate as the chain's point."""
+        chain = self.point(mode, skip=False)
+        paying = [o for o in self.skips.front if o.accuracy >= chain.accuracy - 1e-12 and o.cost < chain.cost]
+        return (min(paying, key=lambda o: o.cost), True) if paying else (chain, False)
 
 
 def prune(preds: Predictions, costs: np.ndarray, mode: str = "ap", config: SearchConfig = DEFAULT_SEARCH,

@@ -10,12 +10,15 @@ Written to --out:
   each model, cost and energy per request (the offline costs are this machine's CPU worker-seconds: energy is
   :mod:`.energy`'s CPU power model);
 - ``pruning.csv``: Algorithm 2 per mode: the models removed and their energy benefit, cost and accuracy before and
-  after, and with skip connections the total share of work (Σρ), on the models kept and on the whole family;
-- ``replay.csv``: each mode replayed in the simulator on a bursty trace (escalations are follow-up queries) with
-  replicas R ∝ ρl (§V-C), rounded as the paper does and balanced (:mod:`.placement`), and with the same instances
-  spread uniformly;
-- ``placement.csv``: Algorithm 3 at the replay's rate: replicas and their placement (Eqs. 2-4) onto four devices
-  of two kinds on two servers, within memory and kernel utilisation, the least transfer cost;
+  after, and with skip connections the total share of work (Σρ), on the models kept and on the whole family; and
+  what is deployed (skips where they pay, :meth:`.pruning.Pruned.deployed`);
+- ``replay.csv``: each mode as deployed (AP and EO pruned, the largest model alone) replayed in the simulator on a
+  bursty trace (escalations are follow-up queries) with the planner's replicas R ∝ ρl (§V-C,
+  :class:`.live.HybridServePlanner`), rounded as the paper does and balanced (:mod:`.placement`), and with the same
+  instances spread uniformly;
+- ``placement.csv``: Algorithm 3 at the replay's rate for the deployed AP and EO: replicas and their placement
+  (Eqs. 2-4) onto six devices of two kinds on two servers, within memory and kernel utilisation, the least
+  transfer cost;
 - ``prototype.csv``: the authors' prototype (ViT, T5, GPT): cascade cost recomputed from its shares, against the
   largest model, and each model's energy benefit;
 - ``summary.md``: the tables beside the paper's Tables III-V.
@@ -34,22 +37,27 @@ from pathlib import Path
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
-from python_backend.runners import MODEL_FILE
+from scheduler_sidecar.core.plan import Demand
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.hybridserve import placement, prototype
 from scheduler_sidecar.systems.hybridserve.cascade import energy_benefit
 from scheduler_sidecar.systems.hybridserve.energy import cpu_energy_j
 from scheduler_sidecar.systems.hybridserve.family import Family
-from scheduler_sidecar.systems.hybridserve.planner import MODES, OperatingPoint, operating_points
-from scheduler_sidecar.systems.hybridserve.pruning import prune
+from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
+from scheduler_sidecar.systems.hybridserve.planner import (
+    MODES,
+    OperatingPoint,
+    operating_points,
+    pruned_point,
+)
+from scheduler_sidecar.systems.hybridserve.pruning import Pruned, prune
 from scheduler_sidecar.systems.hybridserve.search import SearchConfig, SearchResult, search
 from scheduler_sidecar.systems.hybridserve.simulation import simulate
 
 # Algorithm 3's devices: two servers, each two of a fast kind and one of a slow kind (the slow at a third of the speed, as the Proteus
-# demo's emulated kinds); memory per instance: its ONNX file plus RUNTIME_MB for the runtime and its buffers
+# demo's emulated kinds); memory per instance: Family.memory_mb
 DEVICES = tuple(placement.Device(f"{server}-{kind}", server, 256.0, speed)
                 for server in ("s1", "s2") for kind, speed in (("fast1", 1.0), ("fast2", 1.0), ("slow", 1 / 3)))
-RUNTIME_MB = 60.0
 # Decision: the replay's load is set against the family's measured cost, not by a fixed slowdown: the largest model
 # alone is offered this many times what --instances serve (overloaded), where the cascades, a few times cheaper,
 # are not. A fixed 100x did this on the machine it was chosen on (1.28x); on one 2.7x slower it offered the largest
@@ -95,11 +103,14 @@ def run(args: argparse.Namespace) -> int:
     points = operating_points(family, result=result)
     progress("Algorithm 2: pruning and skips")
     whole = search(family.predictions("search"), family.costs, skip=True, config=config)
-    pruning = [_pruning_row(family, mode, config, result, whole) for mode in ("ap", "eo")]
+    pruned = {mode: prune(family.predictions("search"), family.costs, mode, config, searched=result)
+              for mode in ("ap", "eo")}
+    pruning = [_pruning_row(family, mode, pruned[mode], result, whole) for mode in pruned]
+    deployed = {**{mode: pruned_point(family, p, mode) for mode, p in pruned.items()}, "largest": points["largest"]}
     progress(f"replay: {args.rate_qps:g} requests/s for {args.seconds:g} s, {args.instances} instances")
-    replay = [row for p in points.values() for row in _replay(family, p, args)]
+    replay = [row for p in deployed.values() for row in _replay(family, p, args)]
     progress("Algorithm 3: replicas and placement")
-    placement = [_placement_row(family, points[m], args) for m in ("ap", "eo")]
+    placement = [_placement_row(family, deployed[m], args) for m in ("ap", "eo")]
     tables = {"family": _family_rows(family), "modes": [_mode_row(family, p) for p in points.values()],
               "pruning": pruning, "replay": replay, "placement": placement, "prototype": _prototype_rows()}
     for name, rows in tables.items():
@@ -132,9 +143,8 @@ def _mode_row(family: Family, p: OperatingPoint) -> dict:
             "energy_uj": round(1e6 * cpu_energy_j(p.test.cost), 2)}
 
 
-def _pruning_row(family: Family, mode: str, config: SearchConfig, result: SearchResult, whole: SearchResult) -> dict:
+def _pruning_row(family: Family, mode: str, pruned: Pruned, result: SearchResult, whole: SearchResult) -> dict:
     """``result`` and ``whole``: Algorithm 1 on the whole family without and with skips."""
-    pruned = prune(family.predictions("search"), family.costs, mode, config, searched=result)
     whole_chain, whole_skips = (r.ap if mode == "ap" else r.eo for r in (result, whole))
     kept_costs = family.costs[list(pruned.kept)]
     chain, skips = pruned.point(mode, False), pruned.point(mode, True)
@@ -147,7 +157,8 @@ def _pruning_row(family: Family, mode: str, config: SearchConfig, result: Search
             "work_chain": round(sum(chain.reach), 3), "accuracy_skips": round(100 * skips.accuracy, 2),
             "cost_skips_us": round(1e6 * skips.cost, 3), "work_skips": round(sum(skips.reach), 3),
             "whole_family_work": f"{sum(whole_chain.reach):.3f} -> {sum(whole_skips.reach):.3f} with skips",
-            "whole_family_skips": f"{100 * whole_skips.accuracy:.2f}%, {1e6 * whole_skips.cost:.3f} us"}
+            "whole_family_skips": f"{100 * whole_skips.accuracy:.2f}%, {1e6 * whole_skips.cost:.3f} us",
+            "deployed": "skips" if pruned.deployed(mode)[1] else "chain"}
 
 
 def _replay(family: Family, p: OperatingPoint, args: argparse.Namespace) -> list[dict]:
@@ -157,15 +168,16 @@ def _replay(family: Family, p: OperatingPoint, args: argparse.Namespace) -> list
     index = [family.names.index(m) for m in p.cascade.models]
     preds = family.predictions("test").subset(index)
     n = len(index)
-    plans = {"R ∝ ρl": p.replicas(family, args.instances)}
+    plans = {"R ∝ ρl": _planned(family, p, args.instances, placement.NEAREST)}
     if n > 1:
-        plans["R ∝ ρl, balanced"] = p.replicas(family, args.instances, rounding=placement.BALANCED)
+        plans["R ∝ ρl, balanced"] = _planned(family, p, args.instances, placement.BALANCED)
         plans["uniform"] = tuple(args.instances // n + (i < args.instances % n) for i in range(n))
     rows = []
     for name, replicas in plans.items():
         run = simulate(family, p.cascade, replicas, preds, arrival_us, args.slo_ms, slowdown=args.slowdown,
                        seed=args.seed)
-        rows.append({"mode": p.mode, "replicas": name, "instances": " ".join(map(str, replicas)),
+        rows.append({"mode": p.mode, "models": " ".join(p.cascade.models), "skip": p.cascade.skip, "replicas": name,
+                     "instances": " ".join(map(str, replicas)),
                      "requests": run.requests, "violations_pct": round(100 * run.violation_ratio, 2),
                      "accuracy": round(100 * run.accuracy, 2), "reach": " ".join(f"{r:.3f}" for r in run.reach),
                      "answered_early_pct": round(100 * run.answered_early, 2),
@@ -175,17 +187,21 @@ def _replay(family: Family, p: OperatingPoint, args: argparse.Namespace) -> list
     return rows
 
 
+def _planned(family: Family, p: OperatingPoint, instances: int, rounding: str) -> tuple[int, ...]:
+    """The replicas the live planner deploys ``p`` with, one server's."""
+    plan = HybridServePlanner(family, p, "cascade", HybridServeConfig(instances, rounding)).plan(0, Demand(0, 0, {}))
+    return tuple(plan.instances[m] for m in p.cascade.models)
+
+
 def _placement_row(family: Family, p: OperatingPoint, args: argparse.Namespace) -> dict:
     index = [family.names.index(m) for m in p.cascade.models]
     latency_s = args.slowdown * family.costs[index]
-    memory = [RUNTIME_MB + (family.folder / "repository" / m / "1" / MODEL_FILE).stat().st_size / 2**20
-              for m in p.cascade.models]
-    placed = placement.plan(p.validation.reach, latency_s, memory,
-                            placement.chain_flow(p.validation.reach, p.validation.answered), DEVICES, args.rate_qps)
+    memory = [family.memory_mb(m) for m in p.cascade.models]
+    placed = placement.plan(p.validation.reach, latency_s, memory, p.flow(family), DEVICES, args.rate_qps)
     where: dict[str, list[str]] = {d.name: [] for d in DEVICES}
     for inst, device in zip(placed.instances, placed.devices):
         where[device].append(f"{p.cascade.models[inst.model].removeprefix('cascade_')}#{inst.replica}")
-    return {"mode": p.mode, "status": placed.status, "instances": len(placed.instances),
+    return {"mode": p.mode, "models": " ".join(p.cascade.models), "skip": p.cascade.skip, "status": placed.status, "instances": len(placed.instances),
             **{d: " ".join(v) for d, v in where.items()}, "transfer_cost": round(placed.cost, 3),
             "solve_s": round(placed.solve_s, 2), "solver": placed.solver}
 
@@ -255,10 +271,11 @@ def _summary(family: Family, tables: dict, points: dict[str, OperatingPoint], ar
         "giant-model replicas, several models packed per GPU, idle power); the authors' own prototype data gives "
         "2.2x (AP) and 4.3x (EO) in compute for ViT, and ours a few times, the same order.",
         "## Pruning and skips (Algorithm 2)\n\n" + markdown_table(tables["pruning"], list(tables["pruning"][0])),
-        f"## Replay in the simulator ({args.rate_qps:g} requests/s mean, gamma CV² 4, {args.seconds:g} s, "
-        f"SLO {args.slo_ms:g} ms, models {args.slowdown:g}x slower, {args.instances} instances)\n\n"
+        f"## Replay in the simulator, as deployed (AP and EO pruned, with skips where they pay; "
+        f"{args.rate_qps:g} requests/s mean, gamma CV² 4, {args.seconds:g} s, SLO {args.slo_ms:g} ms, models "
+        f"{args.slowdown:g}x slower, {args.instances} instances)\n\n"
         + markdown_table(tables["replay"], list(tables["replay"][0])),
-        f"## Replicas and placement (Algorithm 3, Eqs. 2-4) at {args.rate_qps:g} requests/s, models {args.slowdown:g}x "
+        f"## Replicas and placement of AP and EO as deployed (Algorithm 3, Eqs. 2-4) at {args.rate_qps:g} requests/s, models {args.slowdown:g}x "
         "slower; 6 devices (two fast and one 3x slower on each of two servers, 256 MB each)\n\n"
         + markdown_table(tables["placement"], list(tables["placement"][0])),
         "## The authors' prototype data\n\n" + markdown_table(tables["prototype"], list(tables["prototype"][0])),

@@ -1,0 +1,186 @@
+"""HybridServe's live planner: a mode's pruned cascade as the plan the BLS reads, its replicas as Triton instance
+counts within the budget, skips where they pay, placement over two device kinds, bad options refused; and the
+sidecar's cascade policy sending each plan's cascade with every batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scheduler_sidecar.core.plan import Demand, Plan
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.core.queue import EdfQueue
+from scheduler_sidecar.core.records import Query, WorkerState
+from scheduler_sidecar.server import config
+from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Outcome
+from scheduler_sidecar.systems.hybridserve.live import (
+    CascadeModel,
+    CascadePlan,
+    HybridServeConfig,
+    HybridServePlanner,
+)
+from scheduler_sidecar.systems.hybridserve.planner import OperatingPoint, pruned_point
+from scheduler_sidecar.systems.hybridserve.pruning import Pruned, prune
+from scheduler_sidecar.systems.hybridserve.search import SearchResult, search
+
+BLS = "cascade"
+MODEL = "digits-cascade"
+
+
+@pytest.fixture(scope="module")
+def pruned(hybridserve_family) -> dict[str, Pruned]:
+    family = hybridserve_family
+    preds = family.predictions("search")
+    result = search(preds, family.costs)
+    return {mode: prune(preds, family.costs, mode, searched=result) for mode in ("ap", "eo")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ap", "eo"])
+def test_the_plan_deploys_the_pruned_cascade_with_its_replicas_as_instances(hybridserve_family, pruned, mode):
+    family, budget = hybridserve_family, 8
+    planner = HybridServePlanner(family, pruned_point(family, pruned[mode], mode), BLS, HybridServeConfig(budget),
+                                 server=lambda worker: "one")
+    plan = planner.plan(0, Demand(0, 1_000_000, {MODEL: 50}, (WorkerState(0), WorkerState(1))))
+    kept = [family.names[i] for i in pruned[mode].kept]
+    point, skip = pruned[mode].deployed(mode)
+    assert isinstance(plan.detail, CascadePlan) and plan.detail.rate_qps == 50.0
+    bls = plan.detail.bls  # the BLS's plan: the models Algorithm 2 kept, the thresholds and skips deployed
+    assert bls["models"] == kept and bls["skip"] == skip and bls["thresholds"] == list(point.thresholds)
+    assert set(bls["temperatures"]) == set(bls["exec_ms"]) == set(kept)
+    assert {family.names[r.model] for r in pruned[mode].removed}.isdisjoint(kept)
+    # R ∝ ρl within the budget for the cascade's models; one instance, Triton's least, for those it dropped
+    replicas = tuple(plan.instances[m] for m in kept)
+    assert replicas == planner.point.replicas(family, budget) and sum(replicas) <= budget and min(replicas) >= 1
+    assert plan.instances == {m: 1 for m in family.names if m not in kept} | dict(zip(kept, replicas))
+    assert plan.placement == {} and plan.detail.placement is None  # one server: both workers its slots
+
+
+def _outcome(accuracy: float, cost: float) -> Outcome:
+    return Outcome((0.5,), accuracy, (1.0, 0.5), (0.5, 0.5), cost)
+
+
+def _searched(*front: Outcome) -> SearchResult:
+    return SearchResult(front, front[-1], front[0], True, len(front), 1)
+
+
+def test_skips_are_deployed_where_a_skip_point_is_as_accurate_and_cheaper():
+    chain = _searched(_outcome(0.90, 5.0), _outcome(0.92, 8.0))  # EO, AP
+    paying = _searched(_outcome(0.91, 4.0), _outcome(0.92, 7.0), _outcome(0.93, 9.0))
+    pruned = Pruned((0, 1), (), chain.ap, chain, paying)
+    assert pruned.deployed("ap") == (paying.front[1], True) and pruned.deployed("eo") == (paying.front[0], True)
+    # cheaper only where it loses accuracy, or as accurate only at a higher cost: the chain stays
+    costly = _searched(_outcome(0.89, 3.0), _outcome(0.92, 8.5))
+    pruned = Pruned((0, 1), (), chain.ap, chain, costly)
+    assert pruned.deployed("ap") == (chain.ap, False) and pruned.deployed("eo") == (chain.eo, False)
+
+
+@pytest.mark.slow
+def test_placement_onto_two_device_kinds_follows_the_demand(hybridserve_family, pruned):
+    family = hybridserve_family
+    servers = {0: "fast", 1: "fast", 2: "slow", 3: "slow"}  # two Triton servers, two slots each
+    workers = tuple(WorkerState(w, device="cpu" if s == "fast" else "cpu-x3") for w, s in servers.items())
+    settings = HybridServeConfig(8, slowdown=100.0, device_speeds={"cpu-x3": 1 / 3})
+    planner = HybridServePlanner(family, pruned_point(family, pruned["eo"], "eo"), BLS, settings,
+                                 server=servers.__getitem__)
+    busy_s = float(np.dot(planner.point.validation.reach, planner.service_s))  # per request, on a speed-1 device
+
+    def plan(load: float) -> Plan:  # load: the demand's utilisation of a speed-1 device
+        return planner.plan(0, Demand(0, 1_000_000, {MODEL: round(load / busy_s)}, workers))
+
+    def serving(p: Plan) -> set[str]:
+        return {servers[w] for w, models in p.placement.items() if models == {BLS}}
+
+    light = plan(0.5)  # one device holds it all: no request crosses the network, the other server is let go
+    assert light.detail.placement.feasible and light.detail.placement.cost == 0
+    assert serving(light) == set(light.detail.placement.devices) and len(serving(light)) == 1
+    assert set(light.placement) == set(servers)
+    heavy = plan(1.2)  # more than the fast server can run; within both, the slow one at a third of the speed
+    placed = heavy.detail.placement
+    assert placed.feasible and set(placed.devices) == {"fast", "slow"} and serving(heavy) == {"fast", "slow"}
+    on_slow = sum(s.utilisation for s, d in zip(placed.instances, placed.devices) if d == "slow")
+    assert 0.2 - 1e-6 <= on_slow <= 1 / 3 + 1e-6
+    over = plan(2.0)  # beyond both: no placement fits, and every server serves
+    assert not over.detail.placement.feasible and serving(over) == {"fast", "slow"}
+    assert light.instances == heavy.instances == over.instances  # R ∝ ρl on every server that serves
+    sick = planner.plan(0, Demand(0, 1_000_000, {}, (*workers[:3], WorkerState(3, healthy=False))))
+    assert 3 not in sick.placement  # an unhealthy worker keeps what it has
+
+
+@pytest.fixture
+def family_file(tmp_path) -> Path:
+    path = tmp_path / "cascade.json"
+    path.write_text("{}")  # checking the options reads no further than that it is a file
+    return path
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"family": None}, "needs 'family'"),
+    ({"family": "nowhere/cascade.json"}, "is not a file"),
+    ({"modes": "ap"}, r"unknown options \['modes'\]"),
+    ({"mode": "fast"}, "mode must be one of"),
+    ({"prune": "yes"}, "prune must be true or false"),
+    ({"instances": 0}, "instances must be a whole number >= 1"),
+    ({"instances": 2.5}, "instances must be a whole number >= 1"),
+    ({"rounding": "ceil"}, "rounding must be"),
+    ({"slowdown": -1.0}, "slowdown must be > 0"),
+    ({"min_demand_qps": -1}, "min_demand_qps must be >= 0"),
+    ({"device_speeds": {"cpu": 0}}, "device_speeds must map"),
+])
+def test_bad_options_are_refused(family_file, options, message):
+    options = {k: v for k, v in {"family": str(family_file), **options}.items() if v is not None}
+    with pytest.raises(ValueError, match=message):
+        config.PlannerSpec("hybridserve", options)
+
+
+def test_a_config_file_names_the_planner_of_its_one_cascade(tmp_path, family_file):
+    path = tmp_path / "sidecar.toml"
+    planner = (f'[planner]\nkind = "hybridserve"\nfamily = "{family_file}"\nmode = "eo"\ninstances = 12\n'
+               'device_speeds = { "cpu-x3" = 0.5 }\n')
+    cascade = f'[[models]]\nname = "{MODEL}"\nprofile = "p.json"\npolicy = "cascade"\n'
+    path.write_text(f'workers = ["h:1"]\n{planner}{cascade}')
+    family, mode, prune_models, settings = config.load(path).planner.hybridserve_options()
+    assert (family, mode, prune_models) == (family_file, "eo", True)
+    assert settings == HybridServeConfig(12, device_speeds={"cpu-x3": 0.5})
+    for models, message in ((cascade.replace('"cascade"', '"slackfit"'), r"its own policy \('cascade'\)"),
+                            (cascade + cascade.replace(MODEL, "other"), "plans one cascade")):
+        path.write_text(f'workers = ["h:1"]\n{planner}{models}')
+        with pytest.raises(ValueError, match=message):
+            config.load(path)
+
+
+@pytest.mark.slow
+def test_a_budget_below_the_cascades_models_is_refused_when_the_planner_is_built(hybridserve_family):
+    spec = config.PlannerSpec("hybridserve", {"family": str(hybridserve_family.folder / "cascade.json"),
+                                              "mode": "eo", "prune": False, "instances": 2})
+    with pytest.raises(ValueError, match="need at least 4 instances"):
+        spec.hybridserve_planner(BLS)
+
+
+def test_the_cascade_policy_sends_each_plans_cascade_with_every_batch():
+    curve = LatencyCurve((1, 32), (10.0, 50.0), (10.0, 50.0))
+    profile = Profile(MODEL, "test", (Variant("cascade", 0.93, Actuation("pipeline", BLS, path=("a", "b")),
+                                              {"cpu": curve}),))
+    policy = CascadeModel(profile)
+    queue = EdfQueue()
+    for i in range(3):
+        queue.push(Query(1_000_000, i, i, 0, MODEL))
+
+    def sent() -> dict:
+        (dispatch,) = policy.decide(0, queue.view(), [WorkerState(0)]).dispatches
+        assert dispatch.query_ids == (0, 1, 2)
+        return dict(dispatch.params)
+
+    assert set(sent()) == {"budget_ms"}  # no plan yet: the BLS's deployed one
+    outcome = Outcome((0.7,), 0.93, (1.0, 0.4), (0.6, 0.4), 2.0)
+    point = OperatingPoint("eo", Cascade(("a", "b"), (0.7,), True), outcome, outcome)
+    bls = {"models": ["a", "b"], "thresholds": [0.7], "skip": True, "temperatures": {"a": 1.0, "b": 1.2},
+           "exec_ms": {"a": 1.0, "b": 3.0}}
+    policy.observe_plan(0, Plan(0, {}, CascadePlan(point, bls, {"a": 1, "b": 3}, 10.0), {"a": 1, "b": 3}))
+    params = sent()
+    assert json.loads(params["cascade_plan"]) == bls and params["budget_ms"] == pytest.approx(1000.0)
+    policy.observe_plan(1, Plan(1))  # another planner's plan says nothing about the cascade
+    assert json.loads(sent()["cascade_plan"]) == bls
