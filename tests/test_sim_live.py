@@ -117,3 +117,32 @@ def test_proteus_plans_places_and_routes_alike(load_ms):
     assert live_ends(run_live(runs[1][1], world, arrival, deadline, names, planner=runs[1][0])) == ends(sim)
     assert runs[0][0].plans >= 3 and runs[1][0].plans == runs[0][0].plans
     assert sim.count(Outcome.DROPPED) > 0 and len(set(sim.variant) - {None}) > 3
+
+
+@pytest.mark.slow
+def test_a_hybridserve_cascade_behind_the_sidecar_is_planned_and_batched_alike(hybridserve_family, tmp_path):
+    """HybridServe's live deployment: the cascade BLS model as the sidecar's one logical model (CascadeModel), its
+    planner re-planning every second (the pruned AP cascade sent with every batch, R ∝ ρl as instance counts), on 4
+    BLS slots of one server's emulated device, a gamma trace at 1.5x their capacity: the same queries met and
+    dropped."""
+    from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.experiments.hybridserve_demo import _profile
+    from scheduler_sidecar.systems.hybridserve.live import CascadeModel, HybridServeConfig, HybridServePlanner
+    from scheduler_sidecar.systems.hybridserve.planner import pruned_point
+    from scheduler_sidecar.systems.hybridserve.pruning import prune
+
+    family, slowdown = hybridserve_family, 300.0
+    point = pruned_point(family, prune(family.predictions("search"), family.costs, "ap"), "ap")
+    profile = Profile.load(_profile(tmp_path, "ap", family, point, slowdown))
+    config = HybridServeConfig(instances=8, slowdown=slowdown, period_s=1.0)
+    world = World.uniform(4, "cpu")
+    batch_us = round(profile.variants[0].latency["cpu"].p50_at(32) * 1000)
+    slo_us = 3 * batch_us
+    capacity_qps = 4 * 32 * 1e6 / batch_us  # 4 slots, batches of 32
+    arrival = np.round(traces.gamma(1.5 * capacity_qps, 4.0, 5.0, seed=2).arrival_s * 1e6).astype(np.int64)
+    runs = [(CascadeModel(profile), HybridServePlanner(family, point, "cascade", config, server=lambda w: "one"))
+            for _ in range(2)]
+    sim = Simulator(runs[0][0], world, planner=runs[0][1]).run(arrival, arrival + slo_us)
+    assert live_ends(run_live(runs[1][0], world, arrival, arrival + slo_us, planner=runs[1][1])) == ends(sim)
+    assert sim.count(Outcome.MET) > 0 and sim.count(Outcome.DROPPED) > 0
+    assert runs[1][0].params == runs[0][0].params and "cascade_plan" in dict(runs[0][0].params)
