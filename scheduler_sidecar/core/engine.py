@@ -1,20 +1,20 @@
 """The engine: one decide/apply loop over a shared worker pool, for the simulator and the live sidecar.
 
-NOTE on the design. The engine owns everything both drivers used to do twice: admission, the
-EDF queue of every query type (and, for a policy that routes, the queue of every worker),
-asking each type's policy to decide, carrying out decisions (dispatches, drops, loads, unloads),
-wakeups, plans, retries after a worker is lost, and the one record per query. A driver supplies a clock (``clock() -> now_us``) and an
-:class:`Executor` that runs what the engine starts: in the simulator a batch completes at now
-plus a profiled latency, live it is an RPC to Triton. The driver reports back through the
-engine's event methods (:meth:`Engine.batch_done`, :meth:`Engine.load_done`, ...), each of
-which ends in :meth:`Engine.step`. Nothing here awaits or sleeps, so a decision always sees a
+NOTE on the design. The engine owns everything both drivers used to do twice: admission, the EDF
+queue of every query type (and, for a policy that routes, the queue of every worker), asking each
+type's policy to decide, carrying out decisions (dispatches, drops, loads, unloads), wakeups, plans,
+retries after a worker is lost, and the one record per query. A driver supplies a clock (``clock()
+-> now_us``) and an :class:`Executor` that runs what the engine starts: in the simulator a batch
+completes at now plus a profiled latency, live it is an RPC to Triton. The driver reports back
+through the engine's event methods (:meth:`Engine.batch_done`, :meth:`Engine.load_done`, ...), each
+of which ends in :meth:`Engine.step`. Nothing here awaits or sleeps, so a decision always sees a
 consistent state.
 
 After every event, ``step`` asks the policy of every query type with queued queries to decide,
 the type with the earliest head deadline first, and repeats while any decision did something and
-a worker is still free (with none free there is nothing a policy could start).
-A worker is shared: the first policy to dispatch to it makes it busy for the others, so no
-worker runs two batches at once.
+a worker is still free (with none free there is nothing a policy could start). A worker is
+shared: the first policy to dispatch to it makes it busy for the others, so no worker runs two
+batches at once.
 
 Routing. A query of a routing policy's type is in the type's queue and in one worker's queue
 (or held unrouted), where ``policy.route`` sent it; the engine removes it from both at once
@@ -220,8 +220,8 @@ class Engine:
         worker = self.workers[i]
         if worker.healthy == healthy:
             return
-        self._set(i, worker, healthy=healthy, busy_until_us=None, loading_model=None,
-                                  loading_until_us=None, staging_model=None)
+        self._set(i, worker, healthy=healthy, busy_until_us=None, loading_model=None, loading_until_us=None,
+                  staging_model=None)
         self._workers_changed()
         batch = self._running.pop(worker_id, None)
         if batch is not None:
