@@ -3,9 +3,9 @@
 NOTE on the design. The engine owns everything both drivers used to do twice: admission, the EDF
 queue of every query type (and, for a policy that routes, the queue of every worker), asking each
 type's policy to decide, carrying out decisions (dispatches, drops, loads, unloads), wakeups, plans,
-retries after a worker is lost, and the one record per query. A driver supplies a clock (``clock()
--> now_us``) and an :class:`Executor` that runs what the engine starts: in the simulator a batch
-completes at now plus a profiled latency, live it is an RPC to Triton. The driver reports back
+retries after a worker is lost, and the one record per query. A driver supplies a clock
+(``clock() -> now_us``) and an :class:`Executor` that runs what the engine starts: in the simulator
+a batch completes at now plus a profiled latency, live it is an RPC to Triton. The driver reports back
 through the engine's event methods (:meth:`Engine.batch_done`, :meth:`Engine.load_done`, ...), each
 of which ends in :meth:`Engine.step`. Nothing here awaits or sleeps, so a decision always sees a
 consistent state.
