@@ -125,11 +125,14 @@ class Sidecar:
         if self.config.planner is None:
             slots = await _slots(worker, self.pool.models)
             self.driver.add_worker(worker, slots, device=device)
-        else:  # a planned worker is one device: one batch at a time, the models the plan put there
-            slots = 1
+        else:  # a planned worker holds the models the plan put there
             resident = self._resident.get(worker.url)
             if resident is None:
                 resident = self._resident[worker.url] = await self._loaded(worker)
+            # Proteus' worker is one device, one batch at a time; Loki's is a Triton whose BLS model runs a batch
+            # per instance at once, each calling the stage models, whose instances the plan scales
+            loki = self.config.planner.kind == "loki" and resident
+            slots = await _slots(worker, tuple(sorted(resident))) if loki else 1
             self.driver.add_worker(worker, slots, device=device, resident=resident)
         self.metrics.worker_healthy.labels(worker.url).set(1)
         return slots
