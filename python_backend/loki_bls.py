@@ -3,48 +3,96 @@
 Input ``FRAME`` [1, 64, 64]. Outputs, fixed-size so that the sidecar relays them like any model's:
 ``OBJECTS`` INT32 [MAX_OBJECTS, 6], one row per detection (row, col, kind, label, model, outcome), unused rows -1:
 kind 0 a digit, 1 a shape; label -1 when dropped; model an index into the config parameter ``models``
-(a JSON list); outcome 0 routed by the table, 1 rerouted, 2 dropped. ``STATUS`` INT32 [3]: (0 served or 1
-dropped, the detector's model index, the plan's version). The plan comes with each request as
-the parameter ``loki_plan`` (a JSON object; the sidecar sends the load balancer's tables) or, without one, from
-``plan.json`` beside this file (written by the deployment). A plan has::
+(a JSON list); outcome 0 routed by the table, 1 rerouted, 2 dropped. ``STATUS`` INT32 [4]: (0 served or 1
+dropped, the detector's model index, the plan's version, the stage-model instances the plan runs).
+
+The plan comes with each request as the parameter ``loki_plan`` (a JSON object; the sidecar sends the load
+balancer's tables) or, without one, from ``plan.json`` beside this file (written by the deployment). A plan has::
 
     {"version": 3, "drop": "rerouting",                  # none | last-task | per-task | rerouting
      "tables": {"frontend": {"detect": [[model, p], ...]},
                 "<detector model>": {"digits": [[model, p], ...], "shapes": [...]}},
-     "budget_ms": {model: ...},  "exec_ms": {model: ...},  "accuracy": {model: ...},
+     "budget_ms": {detector: ...},                       # the task's latency budget at that detector
+     "exec_ms": {model: ...},  "batch": {model: ...},    # a batch's execution time at the planned batch size
+     "accuracy": {model: ...}, "instances": {model: ...},
      "backups": {"digits": [[model, spare q/s], ...], ...}}   # most accurate first
 
-For each frame the detector is drawn from the frontend's table; the frames of one detector run as one batch.
-Each detection's crop goes to the child task of its kind, to a classifier drawn from the detector's table
-(MostAccurateFirst, §5.1). The detector hop's realised delay (from the start of this batch to its result) is
-compared with the detector's budget: within it, crops go where the table says; over it by x ms, with
-``rerouting`` each crop goes to the most accurate backup whose execution time fits the routed classifier's
-minus x, and is dropped without one; with ``per-task`` it is dropped (§5.2). With ``last-task`` and a
-request parameter ``slo_ms`` (the time left), a crop whose classifier cannot finish in it is dropped. The crops
-of one classifier run as one batch.
+Per-frame request parameters (JSON lists, one number per row of the request, in its order): ``waited_ms``, how
+long the frame had waited since its arrival at the sidecar when the sidecar sent it (absent: 0), and
+``left_ms``, the time it had left until its deadline then (absent: no deadline, last-task drops nothing).
+
+For each frame the detector is drawn from the frontend's table; the frames of one detector run in batches of its
+planned size. Each detection's crop goes to the child task of its kind, to a classifier drawn from the detector's
+table (MostAccurateFirst, §5.1), unless the shared rule of :mod:`python_backend.loki_routing` (early dropping and
+opportunistic rerouting, §5.2) says otherwise; exactly as in the simulator:
+
+- the detector hop's delay is the frame's ``waited_ms`` plus the time from the start of this execution to its
+  detector batch's result; over the detector's budget by x ms, a crop is rerouted to the most accurate backup
+  whose time fits the routed classifier's ``exec_ms`` minus x, or dropped;
+- a backup's time is its ``exec_ms`` plus one batch per planned batch of crops already sent to it in this
+  execution (the work queued ahead, as the simulator counts a worker's queue);
+- a reroute spends one query of the backup's spare capacity, a per-second :class:`Allowance`;
+- with ``last-task``, a crop whose classifier batch cannot finish in its frame's time left is dropped before
+  that batch runs (its frame's ``left_ms`` minus the time this execution has taken).
+
+The crops of one classifier run in batches of its planned size, earliest deadline first. Not counted, as the
+simulator's workers run in parallel: this execution calls its stage models one after another, and the time
+between the sidecar sending a batch and this execution starting (network, Triton's queue) is in neither
+measure.
+
+Decision (the backups' spare capacity with several instances of this model): each instance is its own process,
+and Triton may run them all at once, so each takes an equal share, spare / instances per second. Together they
+never reroute more than the spare capacity (the simulator's invariant); a share below one query a second
+reroutes nothing.
 
 Every frame's answer says what served it; a frame with any crop dropped is "dropped" (it missed its SLO), with
-what was served. The reason for a drop goes to the log at verbose level.
+what was served. The reason for a drop goes to the log at verbose level. Malformed plans and parameters fail
+their own request only.
 
-Test hook: with the config parameter ``scripted_delays`` = "1", a request parameter ``detect_delay_ms`` adds that
-delay to the detector hop, so a test can script an overrun on a real server.
+Test hook: with the config parameter ``scripted_delays`` = "1", a request parameter ``detect_delay_ms`` makes each
+of its detector batches take that much longer, so a test can script an overrun on a real server.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from python_backend.loki_routing import DROP_MODES, Allowance, Choice, next_hop, too_late
 from python_backend.pipeline import MAX_OBJECTS, crops, decode
 
 PLAN_FILE = "plan.json"
-MAX_BATCH = 32  # a stage model's largest batch (the profiled sizes end there)
 KIND_TASK = {0: "digits", 1: "shapes"}
-DROP_MODES = ("none", "last-task", "per-task", "rerouting")
+MAX_ALLOWANCES = 2  # the plan in force and the one it replaces, while a plan change reaches every request
+
+
+@dataclass
+class Frame:
+    """One row of a request: its pixels, the plan it came with, its times when the sidecar sent it, its answer."""
+
+    pixels: np.ndarray
+    plan: dict
+    waited_ms: float
+    left_ms: float  # math.inf: no deadline given
+    delay_ms: float  # scripted (the test hook)
+    detector: str = ""
+    objects: list[dict] = field(default_factory=list)
+    dropped: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Crop:
+    frame: Frame
+    detection: np.ndarray  # (row, col, kind)
+    patch: np.ndarray
+    rerouted: bool
 
 
 class TritonPythonModel:
@@ -57,40 +105,50 @@ class TritonPythonModel:
         self.rng = np.random.default_rng(int(params.get("seed", "0")))
         self.models = json.loads(params.get("models", "[]"))
         self.index = {m: i for i, m in enumerate(self.models)}
+        self.instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", ())) or 1
+        self._allowances: dict[str, Allowance] = {}  # the plan's backups (JSON) -> this instance's share
 
     def execute(self, requests: list) -> list:
         start = time.perf_counter()
-        answers: list[list[dict] | str] = []
-        jobs = []  # (request index, frame index, frame, plan, options)
-        for i, request in enumerate(requests):
+        answers: list[list[Frame] | str] = []
+        for request in requests:
             try:
-                options = json.loads(request.parameters() or "{}")
-                plan = options.get("loki_plan", self.default_plan)
-                if isinstance(plan, str):
-                    plan = json.loads(plan)
-                if plan is None:
-                    raise ValueError("no plan: send the parameter loki_plan or deploy plan.json")
-                self._check(plan)
-                frames = pb_utils.get_input_tensor_by_name(request, "FRAME").as_numpy()
+                answers.append(self._frames(request))
             except (ValueError, TypeError, KeyError, RecursionError) as exc:  # RecursionError: JSON nested too deep
                 answers.append(f"{type(exc).__name__}: {exc}")
-                continue
-            answers.append([{} for _ in frames])
-            jobs += [(i, k, frame, plan, options) for k, frame in enumerate(frames)]
         try:
-            self._run(jobs, answers, start)
+            self._run([f for a in answers if not isinstance(a, str) for f in a], start)
         except pb_utils.TritonModelException as exc:  # a stage model failed: every frame of the batch is told
             answers = [a if isinstance(a, str) else f"a pipeline stage failed: {exc}" for a in answers]
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError(a, pb_utils.TritonError.INVALID_ARG))
                 if isinstance(a, str) else self._response(a) for a in answers]
 
+    def _frames(self, request) -> list[Frame]:
+        options = json.loads(request.parameters() or "{}")
+        plan = options.get("loki_plan", self.default_plan)
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        if plan is None:
+            raise ValueError("no plan: send the parameter loki_plan or deploy plan.json")
+        self._check(plan)
+        # copies, here and of the stage models' outputs: a tensor's array may be a view of the stub's shared memory,
+        # which it reuses while this execution calls the stage models (a test saw crops labelled from other pixels)
+        pixels = pb_utils.get_input_tensor_by_name(request, "FRAME").as_numpy().copy()
+        waited = per_row(options, "waited_ms", len(pixels), 0.0, max)
+        left = per_row(options, "left_ms", len(pixels), math.inf, min)
+        delay = float(options.get("detect_delay_ms", 0.0)) if self.scripted else 0.0
+        return [Frame(p, plan, w, t, delay) for p, w, t in zip(pixels, waited, left)]
+
     def _check(self, plan: object) -> None:
-        """A plan names only this pipeline's stage models, with a budget, an execution time and an accuracy each,
-        and tables of non-negative weights: anything else is refused before a frame runs."""
+        """A plan names only this pipeline's stage models, with a budget (detectors), an execution time
+        (classifiers) and a batch size each, tables of non-negative weights and backups of non-negative spare
+        capacity: anything else is refused before a frame runs."""
         if not isinstance(plan, dict) or not isinstance(plan.get("tables"), dict):
             raise ValueError("the plan must be an object with 'tables'")
         if plan.get("drop", "rerouting") not in DROP_MODES:
             raise ValueError(f"the plan's drop must be one of {DROP_MODES}")
+        if not _whole(plan.get("version", 0), 0) or not all(_whole(n) for n in plan.get("instances", {}).values()):
+            raise ValueError("the plan's version must be a whole number >= 0, its instance counts >= 1")
         tables = plan["tables"]
         frontend = tables.get("frontend", {}).get("detect")
         if not isinstance(frontend, list) or not frontend:
@@ -101,81 +159,118 @@ class TritonPythonModel:
                 if task not in ("detect", *KIND_TASK.values()) or not isinstance(table, list) or not table:
                     raise ValueError(f"the plan's table {source} -> {task!r} is empty or names no task")
                 for model, weight in table:
-                    if not isinstance(weight, (int, float)) or not weight >= 0:
+                    if not _number(weight) or not weight >= 0:
                         raise ValueError(f"the plan's weight for {model!r} must be a number >= 0")
                     (detectors if task == "detect" else classifiers).add(model)
-        classifiers.update(model for backups in plan.get("backups", {}).values() for model, _ in backups)
+        for backups in plan.get("backups", {}).values():
+            for model, spare in backups:
+                if not _number(spare) or not spare >= 0:
+                    raise ValueError(f"the plan's spare capacity of backup {model!r} must be a number >= 0")
+                classifiers.add(model)
         unknown = (detectors | classifiers) - set(self.index)
         if self.index and unknown:
             raise ValueError(f"the plan names models that are not this pipeline's: {sorted(unknown)}")
-        for key, models in (("budget_ms", detectors), ("exec_ms", classifiers)):
-            missing = [m for m in models if not isinstance(plan.get(key, {}).get(m), (int, float))]
+        for detector in {m for m, _ in frontend}:
+            if any(not tables.get(detector, {}).get(task) for task in KIND_TASK.values()):
+                raise ValueError(f"the plan has no table from {detector!r} to each of {list(KIND_TASK.values())}")
+        for key, models, valid in (("budget_ms", detectors, _number), ("exec_ms", classifiers, _number),
+                                   ("batch", detectors | classifiers, _whole)):
+            missing = [m for m in models if not valid(plan.get(key, {}).get(m))]
             if missing:
-                raise ValueError(f"the plan's {key} has no number for {sorted(missing)}")
+                raise ValueError(f"the plan's {key} has no valid number for {sorted(missing)}")
 
-    def _response(self, frames: list[dict]):
+    def _response(self, frames: list[Frame]):
         objects = np.full((len(frames), MAX_OBJECTS, 6), -1, np.int32)
-        status = np.zeros((len(frames), 3), np.int32)
+        status = np.zeros((len(frames), 4), np.int32)
         for i, f in enumerate(frames):
             rows = [(o["row"], o["col"], o["kind"], o["label"], self.index.get(o["model"], -1), int(o["rerouted"]))
-                    for o in f["objects"]]
-            rows += [(d["row"], d["col"], d["kind"], -1, -1, 2) for d in f["dropped"]]
+                    for o in f.objects]
+            rows += [(d["row"], d["col"], d["kind"], -1, -1, 2) for d in f.dropped]
             if rows:
                 objects[i, :min(len(rows), MAX_OBJECTS)] = rows[:MAX_OBJECTS]
-            status[i] = (f["status"] == "dropped", self.index.get(f["detector"], -1), f.get("plan") or 0)
+            status[i] = (bool(f.dropped), self.index.get(f.detector, -1), f.plan.get("version") or 0,
+                         sum(f.plan.get("instances", {}).values()))
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OBJECTS", objects),
                                                           pb_utils.Tensor("STATUS", status)])
 
-    def _run(self, jobs: list, answers: list, start: float) -> None:
-        by_detector: dict[str, list] = {}
-        for job in jobs:
-            by_detector.setdefault(self._draw(job[3]["tables"]["frontend"]["detect"]), []).append(job)
-        crops_for: dict[str, list] = {}  # classifier -> (job, detection, rerouted)
-        for detector, group in by_detector.items():
-            heat = self._infer(detector, np.stack([job[2] for job in group]))
-            for job, h in zip(group, heat):
-                i, k, frame, plan, options = job
-                delay = float(options.get("detect_delay_ms", 0.0)) if self.scripted else 0.0
-                if delay:
-                    time.sleep(delay / 1000)
-                hop_ms = (time.perf_counter() - start) * 1000
-                overrun = hop_ms - plan["budget_ms"][detector]
-                answer = answers[i][k]
-                answer.update(status="served", detector=detector, objects=[], dropped=[], plan=plan.get("version"))
-                detections = decode(h)
-                patches = crops(frame, detections[:, :2]) if len(detections) else []
-                for det, patch in zip(detections, patches):
-                    target, reason = self._route(plan, detector, KIND_TASK[int(det[2])], overrun, options, start)
-                    if target is None:
-                        answer["dropped"].append({"row": int(det[0]), "col": int(det[1]), "kind": int(det[2])})
-                        answer["status"] = "dropped"
-                        pb_utils.Logger.log_verbose(f"frame {k} of request {i}: crop dropped: {reason}")
-                    else:
-                        crops_for.setdefault(target, []).append((answer, det, patch, reason == "rerouted"))
-        for model, items in crops_for.items():
-            labels = self._infer(model, np.stack([p for _, _, p, _ in items])).argmax(axis=1)
-            for (answer, det, _, rerouted), label in zip(items, labels):
-                answer["objects"].append({"row": int(det[0]), "col": int(det[1]), "kind": int(det[2]),
-                                          "label": int(label), "model": model, "rerouted": rerouted})
+    def _run(self, frames: list[Frame], start: float) -> None:
+        by_detector: dict[tuple[str, int], list[Frame]] = {}  # (detector, its planned batch) -> frames
+        for f in frames:
+            f.detector = self._draw(f.plan["tables"]["frontend"]["detect"])
+            by_detector.setdefault((f.detector, f.plan["batch"][f.detector]), []).append(f)
+        queues: dict[tuple[str, int], list[Crop]] = {}  # (classifier, its planned batch) -> the crops sent there
+        for (detector, batch), group in by_detector.items():
+            for chunk in chunks(group, batch):
+                heat = self._infer(detector, np.stack([f.pixels for f in chunk]))
+                if self.scripted:
+                    time.sleep(max(f.delay_ms for f in chunk) / 1000)
+                inside_ms = (time.perf_counter() - start) * 1000
+                for f, h in zip(chunk, heat):
+                    self._route(f, h, f.waited_ms + inside_ms, queues)
+        for (model, batch), queue in queues.items():
+            self._classify(model, batch, queue, start)
 
-    def _route(self, plan: dict, detector: str, task: str, overrun_ms: float, options: dict,
-               start: float) -> tuple[str | None, str]:
-        """The classifier for one crop and why: ("model", "table" | "rerouted") or (None, why it was dropped)."""
-        target = self._draw(plan["tables"][detector][task])
-        mode = plan.get("drop", "rerouting")
-        if mode == "last-task" and "slo_ms" in options:
-            left = float(options["slo_ms"]) - (time.perf_counter() - start) * 1000
-            if plan["exec_ms"][target] > left:
-                return None, "last-task: the classifier cannot finish within the SLO"
-        if overrun_ms <= 0 or mode in ("none", "last-task"):
-            return target, "table"
-        if mode == "rerouting":
-            fits = plan["exec_ms"][target] - overrun_ms
-            for backup, _ in plan.get("backups", {}).get(task, ()):
-                if plan["exec_ms"][backup] <= fits:
-                    return backup, "rerouted"
-            return None, f"the detector overran its budget by {overrun_ms:.1f} ms and no backup fits"
-        return None, f"per-task: the detector overran its budget by {overrun_ms:.1f} ms"
+    def _route(self, frame: Frame, heatmap: np.ndarray, hop_ms: float, queues: dict) -> None:
+        """Send each crop of ``frame`` to its classifier's queue, or drop it (the shared rule)."""
+        plan = frame.plan
+        overrun_ms = hop_ms - plan["budget_ms"][frame.detector]
+        allowance = self._allowance(plan)
+        second = int(time.monotonic())
+
+        def queued_ms(model: str) -> float:
+            """A crop sent to ``model`` now: its batch, after one batch per planned batch already queued there."""
+            batch = plan["batch"][model]
+            return plan["exec_ms"][model] * (1 + len(queues.get((model, batch), ())) // batch)
+
+        detections = decode(heatmap)
+        for det, patch in zip(detections, crops(frame.pixels, detections[:, :2])):
+            task = KIND_TASK[int(det[2])]
+            target = self._draw(plan["tables"][frame.detector][task])
+            backups = ((m, queued_ms(m)) for m, _ in plan.get("backups", {}).get(task, ()))
+            choice, backup = next_hop(plan.get("drop", "rerouting"), overrun_ms, plan["exec_ms"][target], backups,
+                                      lambda m: allowance.take(m, second))
+            if choice is Choice.DROPPED:
+                self._drop(frame, det, f"the detector overran its budget by {overrun_ms:.1f} ms")
+                continue
+            model = backup if choice is Choice.REROUTED else target
+            queues.setdefault((model, plan["batch"][model]), []).append(
+                Crop(frame, det, patch, choice is Choice.REROUTED))
+
+    def _classify(self, model: str, batch: int, queue: list[Crop], start: float) -> None:
+        """Run ``model`` on its crops, earliest deadline first, in batches of ``batch``; with last-task dropping, the
+        crops at the head that its batch cannot finish in time are dropped first."""
+        queue = sorted(queue, key=lambda c: c.frame.left_ms)
+        while queue:
+            elapsed_ms = (time.perf_counter() - start) * 1000
+            while queue and queue[0].frame.plan.get("drop") == "last-task" and \
+                    too_late(queue[0].frame.left_ms - elapsed_ms, queue[0].frame.plan["exec_ms"][model]):
+                crop = queue.pop(0)
+                self._drop(crop.frame, crop.detection, "last-task: the classifier cannot finish within the SLO")
+            chunk, queue = queue[:batch], queue[batch:]
+            if not chunk:
+                break
+            labels = self._infer(model, np.stack([c.patch for c in chunk])).argmax(axis=1)
+            for c, label in zip(chunk, labels):
+                row, col, kind = (int(v) for v in c.detection)
+                c.frame.objects.append({"row": row, "col": col, "kind": kind, "label": int(label), "model": model,
+                                        "rerouted": c.rerouted})
+
+    @staticmethod
+    def _drop(frame: Frame, detection: np.ndarray, reason: str) -> None:
+        row, col, kind = (int(v) for v in detection)
+        frame.dropped.append({"row": row, "col": col, "kind": kind})
+        pb_utils.Logger.log_verbose(f"crop at ({row}, {col}) dropped: {reason}")
+
+    def _allowance(self, plan: dict) -> Allowance:
+        """This instance's share of the plan's backups' spare capacity (see the module notes)."""
+        key = json.dumps(plan.get("backups", {}), sort_keys=True)
+        allowance = self._allowances.get(key)
+        if allowance is None:
+            if len(self._allowances) >= MAX_ALLOWANCES:
+                del self._allowances[next(iter(self._allowances))]
+            allowance = self._allowances[key] = Allowance(
+                {m: spare / self.instances for backups in plan.get("backups", {}).values() for m, spare in backups})
+        return allowance
 
     def _draw(self, table: list) -> str:
         models = [m for m, _ in table]
@@ -184,13 +279,41 @@ class TritonPythonModel:
 
     @staticmethod
     def _infer(model: str, x: np.ndarray) -> np.ndarray:
-        """``model``'s LOGITS for ``x``, in batches of at most MAX_BATCH (the largest profiled)."""
-        out = []
-        for chunk in np.array_split(x, -(-len(x) // MAX_BATCH)):
-            request = pb_utils.InferenceRequest(model_name=model, requested_output_names=["LOGITS"],
-                                                inputs=[pb_utils.Tensor("INPUT", chunk.astype(np.float32))])
-            response = request.exec()
-            if response.has_error():
-                raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
-            out.append(pb_utils.get_output_tensor_by_name(response, "LOGITS").as_numpy())
-        return np.concatenate(out)
+        """``model``'s LOGITS for the batch ``x``."""
+        request = pb_utils.InferenceRequest(model_name=model, requested_output_names=["LOGITS"],
+                                            inputs=[pb_utils.Tensor("INPUT", x.astype(np.float32))])
+        response = request.exec()
+        if response.has_error():
+            raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
+        return pb_utils.get_output_tensor_by_name(response, "LOGITS").as_numpy().copy()
+
+
+def per_row(options: dict, key: str, rows: int, default: float, worst: Callable[[Sequence[float]], float]
+            ) -> list[float]:
+    """The request parameter ``key``, a JSON list of one number per row (``default`` for each when absent).
+
+    Decision: a list longer than the request's rows is the sidecar's batch less some rows (it retries a failed
+    batch in halves, and leaves out a client that went away before its batch was sent): the order is kept but
+    not which rows remain, so each row gets the ``worst`` of the list (the longest wait, the least time left),
+    never counting a frame as earlier than it was. A shorter list is malformed.
+    """
+    if key not in options:
+        return [default] * rows
+    values = json.loads(options[key]) if isinstance(options[key], str) else options[key]
+    if not isinstance(values, list) or not all(_number(v) for v in values):
+        raise ValueError(f"{key} must be a JSON list of numbers, one per frame")
+    if len(values) < rows:
+        raise ValueError(f"{key} has {len(values)} numbers for {rows} frames")
+    return [float(v) for v in values] if len(values) == rows else [float(worst(values))] * rows
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: object, least: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least

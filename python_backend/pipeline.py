@@ -70,12 +70,14 @@ OUTCOMES = ("table", "rerouted", "dropped")
 
 
 def read_answers(objects: np.ndarray, status: np.ndarray, models: list[str]) -> list[dict]:
-    """The pipeline model's OBJECTS [N, MAX_OBJECTS, 6] and STATUS [N, 3] as one dict per frame: ``status``
-    ("served" or "dropped"), ``detector``, ``plan`` and ``objects`` (row, col, kind, label, model, outcome)."""
+    """The pipeline model's OBJECTS [N, MAX_OBJECTS, 6] and STATUS [N, 4] as one dict per frame: ``status``
+    ("served" or "dropped"), ``detector``, ``plan`` (its version), ``instances`` (the stage-model instances that
+    plan runs) and ``objects`` (row, col, kind, label, model, outcome)."""
     out = []
-    for rows, (dropped, detector, plan) in zip(objects, status):
+    for rows, (dropped, detector, plan, instances) in zip(objects, status):
         out.append({"status": "dropped" if dropped else "served",
                     "detector": models[detector] if detector >= 0 else None, "plan": int(plan),
+                    "instances": int(instances),
                     "objects": [{"row": int(r), "col": int(c), "kind": int(k), "label": int(label),
                                  "model": models[m] if m >= 0 else None, "outcome": OUTCOMES[o]}
                                 for r, c, k, label, m, o in rows if o >= 0]})

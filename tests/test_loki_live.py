@@ -1,17 +1,24 @@
 """Loki live: `accscale demo loki` briefly, the sidecar with Loki's controller in front of the pipeline's BLS
-model on a real Triton; and the BLS plan the controller sends."""
+model on a real Triton; the BLS plan the controller sends, the instances it runs and releases, and which plan
+and per-frame times the pipeline's policy sends each Triton."""
 
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
 from scheduler_sidecar.cli import main
 from scheduler_sidecar.core.plan import Demand
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.core.queue import EdfQueue
+from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.systems.loki.data import traffic_analysis
-from scheduler_sidecar.systems.loki.live import LivePlanner
+from scheduler_sidecar.systems.loki.live import LivePlanner, LokiPipeline
 from scheduler_sidecar.systems.loki.planner import LokiConfig
+
+BLS = "loki_pipeline"
 
 
 def test_the_bls_plan_sums_each_table_to_one_and_budgets_every_variant():
@@ -29,12 +36,79 @@ def test_the_bls_plan_sums_each_table_to_one_and_budgets_every_variant():
             assert sum(p for _, p in table) == pytest.approx(1.0)
             assert {m for m, _ in table} <= {v.id for v in pipeline.task(child).variants} & used
     assert set(bls["budget_ms"]) == used and all(bls["budget_ms"][v] >= bls["exec_ms"][v] for v in used)
+    assert set(bls["batch"]) == used and set(bls["instances"]) == used
+    assert {m for backups in bls["backups"].values() for m, _ in backups} <= used  # backups are planned replicas
+
+
+def _named(bls: dict) -> set[str]:
+    """The models a BLS plan may send a query to: its tables' and its backups'."""
+    return ({m for children in bls["tables"].values() for table in children.values() for m, _ in table}
+            | {m for backups in bls["backups"].values() for m, _ in backups})
+
+
+def test_live_plans_stay_within_the_budget_and_unload_what_they_do_not_use():
+    """Hardware scaling live: the instances are the MILP's replicas (within the budget S), a quiet period plans
+    fewer than a busy one, and every variant the plan leaves out is unloaded from the worker; the BLS plan names
+    only variants with instances."""
+    pipeline = traffic_analysis()
+    budget = 20
+    every = frozenset(v.id for t in pipeline.tasks for v in t.variants)
+    worker = WorkerState(0, resident=every | {BLS})  # a Triton holding the BLS model and every variant
+    planner = LivePlanner(pipeline, budget, LokiConfig(min_demand_qps=1.0))
+    plans = {}
+    for qps in (600.0, 50.0):
+        planner.initial_demand_qps = qps
+        plans[qps] = plan = planner.plan(0, Demand(0, 1, {}, (worker, WorkerState(1))))
+        solution = plan.detail.solution
+        assert plan.instances == {a.variant: a.replicas for a in solution.allocations}
+        assert sum(plan.instances.values()) == solution.workers <= budget
+        assert plan.placement == {0: frozenset({BLS, *plan.instances})}  # worker 1 says nothing of what it holds
+        assert _named(plan.detail.bls) <= set(plan.instances) == set(plan.detail.bls["instances"])
+    busy, quiet = plans[600.0], plans[50.0]
+    assert sum(quiet.instances.values()) < sum(busy.instances.values())
+    assert every - quiet.placement[0]  # released: unloaded, not kept at one instance
+
+
+def test_the_policy_sends_each_triton_the_newest_plan_it_has_loaded_and_each_frames_times():
+    """A plan's variants load before the old ones unload (the engine's placement), so a Triton that has not
+    loaded the newest plan's yet is sent the one before; one that holds no plan's gets no batch. Each frame's
+    wait since its arrival and its time left go with it, in the batch's order."""
+    latency = LatencyCurve((1, 8), (50.0, 100.0), (50.0, 100.0))
+    profile = Profile("pipeline", "test", (Variant("pipeline", 1.0, Actuation("pipeline", BLS), {"cpu": latency}),))
+    policy = LokiPipeline(profile)
+    pipeline = traffic_analysis()
+    planner = LivePlanner(pipeline, 20, LokiConfig(min_demand_qps=1.0))
+    planner.initial_demand_qps = 50.0
+    old = planner.plan(0, Demand(0, 1, {}))
+    planner.initial_demand_qps = 600.0
+    new = planner.plan(0, Demand(0, 1, {}))
+    policy.observe_plan(0, old)
+    policy.observe_plan(0, new)
+    lagging = WorkerState(1, resident=frozenset({BLS, *old.instances}))
+    current = WorkerState(2, resident=frozenset({BLS, *new.instances}))
+    empty = WorkerState(3, resident=frozenset({BLS}))
+    queue = EdfQueue()
+    for i, arrival_ms in enumerate((10, 30)):
+        queue.push(Query(deadline_us=(arrival_ms + 200) * 1000, seq=i, id=i, arrival_us=arrival_ms * 1000))
+    now_us = 40_000
+    for worker, plan in ((lagging, old), (current, new)):
+        (dispatch,) = policy.decide(now_us, queue.view(), [empty, worker]).dispatches
+        params = dict(dispatch.params)
+        assert dispatch.worker_id == worker.id and params["loki_plan"] == json.dumps(plan.detail.bls)
+        assert json.loads(params["waited_ms"]) == [30.0, 10.0] and json.loads(params["left_ms"]) == [170.0, 190.0]
+    assert policy.decide(now_us, queue.view(), [empty]).is_empty
+    assert len(policy.plans) == 2  # the old plan stays while a worker has not loaded the new one
+    policy.decide(now_us, queue.view(), [current])
+    assert len(policy.plans) == 1
 
 
 @pytest.mark.slow
-def test_the_loki_demo_answers_every_frame(tmp_path):
+@pytest.mark.triton
+def test_the_loki_demo_answers_every_frame_and_releases_instances_after_the_burst(tmp_path):
+    """A burst beyond one detector instance's capacity (about 80 frames/s here) makes hardware scaling add one, and
+    the quiet window after it runs fewer instances than the burst, by the plans and on Triton."""
     out = tmp_path / "out"
-    assert main(["demo", "loki", "--duration-s", "15", "--base-qps", "8", "--burst-qps", "40", "--recipe", "small",
+    assert main(["demo", "loki", "--duration-s", "15", "--base-qps", "8", "--burst-qps", "120", "--recipe", "small",
                  "--build-dir", str(tmp_path / "build"), "--out", str(out)]) == 0
     with open(out / "windows.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -43,7 +117,10 @@ def test_the_loki_demo_answers_every_frame(tmp_path):
     assert sent > 60 and answered == sent
     # after the burst (its last third, 10-15 s) the pipeline is back within its SLO; how much of the burst itself
     # is met depends on this machine and on the plans the burst caught
+    burst = [r for r in rows if 5.0 <= float(r["window_s"]) < 10.0]
     after = [r for r in rows if 10.0 <= float(r["window_s"]) < 15.0]
     assert after and sum(int(r["met"]) for r in after) >= 0.8 * sum(int(r["sent"]) for r in after)
+    for column in ("instances", "loaded"):
+        assert int(after[-1][column]) < max(int(r[column]) for r in burst), column
     assert all(r["detectors"] for r in rows if int(r["met"]))
-    assert "Loki live demo" in (out / "summary.md").read_text()
+    assert "released in the quiet period" in (out / "summary.md").read_text()

@@ -4,17 +4,21 @@ Builds (or reuses) the pipeline trained here (:mod:`export.loki_models`: a detec
 classifier, every variant its own Triton model) and its BLS model, starts one Triton server whose stage models
 run ``--slowdown`` times slower than this machine (each batch sleeps to its profiled latency times that: an
 emulated slower device, so the plans have something to trade), and the sidecar with Loki's live controller in
-front of it. The controller re-plans every ``--period-s`` and on a 20% demand change over ``--instances``
-replicas (each variant's become its Triton instance count), and the sidecar sends each batch of frames to the
-BLS with the plan's tables. Frames are held-out scenes, sent with ``tritonclient``
-(gRPC, open loop, Poisson) at ``--base-qps``, ``--burst-qps`` in the middle third. Per window: frames sent,
-served within the SLO, answered as dropped, late, refused; the share of the objects in the frames found and
-labelled right; which detector served; crops rerouted. Written to --out: ``windows.csv`` and ``summary.md``.
+front of it. The controller re-plans every ``--period-s`` and on a 20% demand change within a budget of
+``--instances`` stage-model instances: hardware scaling first (the fewest instances that serve the demand at the
+best accuracy), accuracy scaling when the budget is not enough. Each planned variant's replicas become its
+Triton instance count and the variants a plan leaves out are unloaded, so a quiet period holds fewer instances
+than a burst; Triton starts with the BLS model alone and the first plan loads its variants. The sidecar sends
+each batch of frames to the BLS with the plan's tables and each frame's time in the sidecar. Frames are held-out
+scenes, sent with ``tritonclient`` (gRPC, open loop, Poisson) at ``--base-qps``, ``--burst-qps`` in the middle
+third. Per window: frames sent, served within the SLO, answered as dropped, late, refused; the share of the
+objects in the frames found and labelled right; the instances of the newest plan that served a frame sent in
+the window, and the stage-model instances Triton had loaded at its end; which detector served; crops rerouted.
+Written to --out: ``windows.csv`` and ``summary.md``.
 
 What the plans do not see: the BLS model runs a batch's stages one after the other, so its own instances
-(BLS_INSTANCES) bound the frames in flight, and the client, the sidecar and Triton share this machine. With
-more replicas than tasks the resource manager may add a detector instance where switching to the cheaper
-detector was what the burst needed (``--instances 4`` shows it).
+(BLS_INSTANCES, the sidecar's slots on the server) bound the frame batches in flight, and the client, the
+sidecar and Triton share this machine.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -33,7 +38,9 @@ from export.presets import DEFAULT_BUILD_DIR
 WINDOW_S = 5.0
 MODEL = "scenes"  # the logical model clients call
 BLS = "loki_pipeline"
-BLS_INSTANCES = 2  # frame batches in flight at once (the sidecar's slots on the server)
+BLS_INSTANCES = 4  # frame batches in flight (the sidecar's slots): the burst's 2 detector instances stay busy while
+# other batches are at the classifiers (with 2, the burst met 9-132 frames of 740 a window, with 4 about 230)
+INSTANCES = 6  # the default budget: twice the tasks, so that hardware scaling has room to show
 
 
 def register(demos: argparse._SubParsersAction) -> None:
@@ -47,9 +54,9 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.add_argument("--slowdown", type=float,
                    help="the emulated device: stage models run this many times slower (default: slow enough that "
                         "one frame's slowest path takes half the SLO, whatever this machine's speed)")
-    p.add_argument("--instances", type=int, default=3,
-                   help="replicas the resource manager places: Triton instances of the stage models (default: 3, "
-                        "one per task, so a burst is met by accuracy scaling)")
+    p.add_argument("--instances", type=int, default=INSTANCES,
+                   help=f"the budget of replicas the resource manager places: Triton instances of the stage models "
+                        f"(default: {INSTANCES}; 3, one per task, leaves only accuracy scaling)")
     p.add_argument("--headroom", type=float, default=1.0, help="capacity planned per frame of demand (default: 1)")
     p.add_argument("--period-s", type=float, default=5.0, help="the resource manager's period (default: 5)")
     p.add_argument("--recipe", choices=("full", "small"), default="full",
@@ -113,13 +120,14 @@ def run(args: argparse.Namespace) -> int:
     for model in models:
         print(f"{model:<20} accuracy {100 * measured['accuracy'][model]:.1f}%")
     with contextlib.ExitStack() as stack:
-        triton = stack.enter_context(TritonServer(repository=folder / "repository", models=[*models, BLS],
+        # the BLS model alone: the plans load and unload the stage models
+        triton = stack.enter_context(TritonServer(repository=folder / "repository", models=[BLS],
                                                   emulate_slowdown=args.slowdown))
         config = out / "sidecar.toml"
         config.write_text(sidecar_config(stamp, profile, args))
         sidecar = stack.enter_context(SidecarServer(workers=[triton.grpc_url], config=config))
         print(f"sidecar at {sidecar.grpc_url}, Triton at {triton.grpc_url} (x{args.slowdown:g})")
-        rows = asyncio.run(drive(sidecar.grpc_url, models, args))
+        rows = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, args))
         (out / "sidecar.log").write_text(sidecar.log_path.read_text())
     write(out, rows, args)
     return 0
@@ -133,8 +141,9 @@ def sidecar_config(stamp: Path, profile: Path, args) -> str:
             f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n')
 
 
-async def drive(url: str, models: list[str], args) -> list[dict]:
-    """Send the frames; per window, what came back."""
+async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict]:
+    """Send the frames to the sidecar at ``url``; per window, what came back, and what the Triton at
+    ``triton_url`` had loaded at its end."""
     import tritonclient.grpc.aio as aioclient
     from tritonclient.utils import InferenceServerException
 
@@ -145,9 +154,11 @@ async def drive(url: str, models: list[str], args) -> list[dict]:
     scenes = generate(300, "heldout", seed=21)
     stats: dict[int, Counter] = defaultdict(Counter)
     detectors: dict[int, Counter] = defaultdict(Counter)
+    plans: dict[int, tuple[int, int]] = {}  # window -> (the newest plan that served a frame, its instances)
+    loaded: dict[int, int] = {}  # window -> the stage-model instances Triton had loaded at its end
     rng = np.random.default_rng(0)
     tasks = []
-    async with aioclient.InferenceServerClient(url) as client:
+    async with aioclient.InferenceServerClient(url) as client, aioclient.InferenceServerClient(triton_url) as triton:
         async def one(i: int, window: int) -> None:
             frame = scenes.frames[i % len(scenes)][None]
             tensor = aioclient.InferInput("FRAME", list(frame.shape), "FP32")
@@ -169,6 +180,7 @@ async def drive(url: str, models: list[str], args) -> list[dict]:
             s["right"] += sum(lab == obj[3] for lab, obj in zip(labels, objects[hits >= 0]))
             s["rerouted"] += sum(o["outcome"] == "rerouted" for o in answer["objects"])
             detectors[window][answer["detector"]] += 1
+            plans[window] = max(plans.get(window, (-1, 0)), (answer["plan"], answer["instances"]))
             if answer["status"] == "dropped":
                 s["dropped"] += 1
             elif time.monotonic() - start > args.slo_ms / 1000:
@@ -176,7 +188,12 @@ async def drive(url: str, models: list[str], args) -> list[dict]:
             else:
                 s["met"] += 1
 
+        async def sample(window: int) -> None:
+            await asyncio.sleep(max(0.0, begin + (window + 1) * WINDOW_S - time.monotonic()))
+            loaded[window] = await loaded_instances(triton, models)
+
         begin, t, i = time.monotonic(), 0.0, 0
+        tasks += [asyncio.ensure_future(sample(w)) for w in range(math.ceil(args.duration_s / WINDOW_S))]
         while t < args.duration_s:
             burst = args.duration_s / 3 <= t < 2 * args.duration_s / 3
             t += rng.exponential(1 / (args.burst_qps if burst else args.base_qps))
@@ -189,10 +206,30 @@ async def drive(url: str, models: list[str], args) -> list[dict]:
         rows.append({"window_s": w * WINDOW_S, "sent": s["sent"], "met": s["met"], "dropped": s["dropped"],
                      "late": s["late"], "refused": s["refused"],
                      "objects_right_pct": round(100 * s["right"] / s["objects"], 1) if s["objects"] else "",
+                     "instances": plans[w][1] if w in plans else "", "loaded": loaded.get(w, ""),
                      "rerouted": s["rerouted"],
                      "detectors": " ".join(f"{d.removeprefix('loki_detect_')}:{n}"
                                            for d, n in detectors[w].most_common())})
     return rows
+
+
+async def loaded_instances(triton, models: list[str]) -> int:
+    """The instances of ``models`` the Triton server (an asyncio gRPC client) has loaded."""
+    index = await triton.get_model_repository_index()
+    ready = [m.name for m in index.models if m.name in models and m.state == "READY"]
+    # a model unloaded since the index was read is not counted
+    configs = await asyncio.gather(*(triton.get_model_config(m) for m in ready), return_exceptions=True)
+    return sum(g.count for c in configs if not isinstance(c, Exception) for g in c.config.instance_group)
+
+
+def released(rows: list[dict], duration_s: float) -> tuple[int, int, int]:
+    """The plans' instances in use: in the last window before the burst, the most in it, in the last window."""
+    def used(first: float, last: float) -> list[int]:
+        return [r["instances"] for r in rows if first <= r["window_s"] < last and r["instances"] != ""]
+
+    before, burst, after = (used(0, duration_s / 3), used(duration_s / 3, 2 * duration_s / 3),
+                            used(2 * duration_s / 3, duration_s))
+    return before[-1] if before else 0, max(burst, default=0), after[-1] if after else 0
 
 
 def write(out: Path, rows: list[dict], args) -> None:
@@ -200,9 +237,12 @@ def write(out: Path, rows: list[dict], args) -> None:
 
     write_rows(rows, out / "windows.csv")
     total = {k: sum(r[k] for r in rows) for k in ("sent", "met", "dropped", "late", "refused", "rerouted")}
+    before, burst, after = released(rows, args.duration_s)
     summary = (f"# Loki live demo\n\n{args.base_qps:g} frames/s, {args.burst_qps:g} in the middle third, SLO "
-               f"{args.slo_ms:g} ms, {args.duration_s:g} s; stage models emulated x{args.slowdown:g}; "
-               f"{args.instances} replicas planned.\n\n"
-               + ", ".join(f"{k} {v}" for k, v in total.items()) + ".\n\n" + markdown_table(rows, list(rows[0])) + "\n")
+               f"{args.slo_ms:g} ms, {args.duration_s:g} s; stage models emulated x{args.slowdown:g}; a budget of "
+               f"{args.instances} instances.\n\n"
+               + ", ".join(f"{k} {v}" for k, v in total.items()) + ".\n\n"
+               f"Instances in use (the plans'): {before} before the burst, up to {burst} in it, {after} at the end: "
+               f"{burst - after} released in the quiet period.\n\n" + markdown_table(rows, list(rows[0])) + "\n")
     (out / "summary.md").write_text(summary)
     print(summary)

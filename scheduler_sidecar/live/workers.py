@@ -123,6 +123,7 @@ class TritonWorker:
         self.answered = 0
         self._channel = grpc.aio.insecure_channel(url, options=CHANNEL_OPTIONS)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._instances: dict[str, int] = {}  # model -> the instance count last set, kept while it is unloaded
 
     async def infer(self, call: InferCall, timeout_s: float) -> list[dict[str, bytes]]:
         k = call.rows
@@ -140,23 +141,33 @@ class TritonWorker:
         return split_rows(self.url, call, response)
 
     async def load(self, model: str) -> None:
+        """Load ``model``, with the instance count last set for it if one was: a planner that unloads a model and
+        loads it again later (Loki's hardware scaling) gets the count it set, not the repository's."""
         await self._control(self.stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name=model))
+        if model in self._instances:
+            await self.set_instances(model, self._instances[model])
 
     async def unload(self, model: str) -> None:
         await self._control(self.stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name=model))
 
     async def set_instances(self, model: str, instances: int) -> None:
         """Reload ``model`` with its config's instance count set to ``instances`` (Triton serves the old
-        instances until the new ones are ready)."""
+        instances until the new ones are ready); a model that is not loaded gets the count when it is."""
         from google.protobuf import json_format
 
+        self._instances[model] = instances
         try:
             config = (await self.stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=10)).config
         except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:
+                return
             raise _worker_error(self.url, exc) from exc
         groups = config.instance_group or [config.instance_group.add()]
+        count = max(1, instances // len(groups))
+        if all(group.count == count for group in groups):
+            return  # already so (a model just loaded with its repository's count): no reload
         for group in groups:
-            group.count = max(1, instances // len(groups))
+            group.count = count
         request = pb.RepositoryModelLoadRequest(model_name=model)
         request.parameters["config"].string_param = json_format.MessageToJson(config)
         await self._control(self.stub.RepositoryModelLoad, request)

@@ -125,12 +125,15 @@ class Sidecar:
         if self.config.planner is None:
             slots = await _slots(worker, self.pool.models)
             self.driver.add_worker(worker, slots, device=device)
-        else:  # a planned worker is one device: one batch at a time, the models the plan put there
-            # (but a cascade's BLS instance holds its batch through every hop: its instances are the slots)
-            slots = await _slots(worker, self.triton_models) if self.config.planner.kind == "hybridserve" else 1
+        else:  # a planned worker holds the models the plan put there
             resident = self._resident.get(worker.url)
             if resident is None:
                 resident = self._resident[worker.url] = await self._loaded(worker)
+            # Proteus' worker is one device, one batch at a time; Loki's and HybridServe's is a Triton whose BLS
+            # model (the pipeline, the cascade) holds a batch through every hop, one per instance at once, each
+            # calling the stage models, whose instances the plan scales: its instances are the slots
+            bls = self.config.planner.kind in ("loki", "hybridserve") and resident
+            slots = await _slots(worker, tuple(sorted(resident))) if bls else 1
             self.driver.add_worker(worker, slots, device=device, resident=resident)
         self.metrics.worker_healthy.labels(worker.url).set(1)
         return slots

@@ -9,14 +9,15 @@ from typing import ClassVar
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.queue import QueueView
-from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, WorkerState
+from scheduler_sidecar.core.records import EMPTY, Decision, Dispatch, Query, WorkerState
 from scheduler_sidecar.errors import ConfigError
 
 
 class BlsPolicy(Policy):
     """Each free Triton holding the BLS model gets the queue's head batch, earliest deadline first, of at most
-    ``max_batch`` requests (and at most the profile's largest batch), with ``self.params`` and the time the first
-    request has left, in milliseconds, as the request parameter ``time_left_param``."""
+    ``max_batch`` requests (and at most the profile's largest batch), with :meth:`batch_params`: by default
+    ``self.params`` and the time the first request has left, in milliseconds, as the request parameter
+    ``time_left_param``."""
 
     time_left_param: ClassVar[str]
 
@@ -31,13 +32,20 @@ class BlsPolicy(Policy):
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
         if not queue:
             return EMPTY
-        worker = next((w for w in workers if w.is_free and w.holds(self.variant.actuation.model)), None)
+        worker = next((w for w in workers if w.is_free and self.serves(w)), None)
         if worker is None:
             return EMPTY
         dropped = self.drop_or_serve(now_us, queue, self.latency_us(self.variant, 1, worker.device))
         if dropped:
             return dropped
         batch = queue.head(self.max_batch)
-        left_ms = self.slack_us(now_us, batch[0]) / 1000
         return Decision((Dispatch(worker.id, self.variant.id, tuple(q.id for q in batch),
-                                  (*self.params, (self.time_left_param, left_ms))),))
+                                  self.batch_params(now_us, batch, worker)),))
+
+    def serves(self, worker: WorkerState) -> bool:
+        """Whether ``worker`` may run a batch: it holds the BLS model."""
+        return worker.holds(self.variant.actuation.model)
+
+    def batch_params(self, now_us: int, batch: Sequence[Query], worker: WorkerState) -> tuple[tuple[str, object], ...]:
+        """The request parameters ``batch`` goes to ``worker`` with."""
+        return (*self.params, (self.time_left_param, self.slack_us(now_us, batch[0]) / 1000))

@@ -4,24 +4,32 @@ The BLS runs the stages inside Triton; the sidecar holds the queue of frames, th
 balancer. :class:`LivePlanner` is Loki's controller over an instance budget S (the replicas the MILP may
 place), and :func:`bls_plan` turns its tables into the plan the BLS reads: tables per variant (Triton routes a
 request to a model, not to one of its instances; the workers of a variant are summed by the traffic they
-carry), each variant's latency budget and execution time, and the backups of each task. :class:`LokiPipeline`
-is the policy of the pipeline's logical model: it sends each free Triton a batch of frames, earliest deadline
-first, with that plan and the time its first frame has left as request parameters.
+carry), each variant's latency budget, planned batch size, execution time at that size and instances, and the
+backups of each task. :class:`LokiPipeline` is the policy of the pipeline's logical model: it sends each free
+Triton a batch of frames, earliest deadline first, with the newest plan whose variants that Triton has loaded
+and, per frame, how long it has waited in the sidecar and how long it has left.
 
-Each variant's replicas become its Triton instance count (a reload with a config override; Triton serves the
-old instances until the new ones are ready); a variant the plan leaves out keeps one instance, so the BLS can
-still reroute to it. Routing is per variant, not per instance: Triton spreads a model's requests over its
-instances itself.
+Hardware scaling (decision): a variant's replicas become its Triton instance count (``Plan.instances``: a reload
+with a config override; Triton serves the old instances until the new ones are ready), and a variant the plan
+leaves out is unloaded (``Plan.placement``: each worker, a Triton holding the BLS model, holds the BLS model and
+the plan's variants). Triton cannot run 0 instances of a loaded model, and one instance kept of every variant
+would exceed the budget (8 variants in the demo) for nothing: the backups are planned replicas with spare
+capacity, so the BLS never reroutes to a variant the plan leaves out. The engine loads what a worker lacks
+before it unloads what the plan no longer wants (make before break), and the policy sends a worker only a plan
+whose variants it has loaded, so the BLS never calls a model that is not there.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
 from scheduler_sidecar.core.plan import Demand, Plan
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.core.queue import QueueView
+from scheduler_sidecar.core.records import Decision, Query, WorkerState
 from scheduler_sidecar.systems.bls import BlsPolicy
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import DEFAULT_CONFIG, LokiConfig, LokiPlan, LokiPlanner
@@ -55,22 +63,25 @@ def bls_plan(pipeline: Pipeline, routing: Routing, *, drop: DropMode | str = Dro
                 total = sum(mix.values())
                 children[child] = sorted((m, p / total) for m, p in mix.items())
     factors = budget_factors(pipeline, routing, budget)
-    exec_ms = {r.variant: r.batch_ms for r in routing.replicas.values()}
+    exec_ms = {r.variant: r.batch_ms for r in routing.replicas.values()}  # a variant's replicas share its batch
     backups: dict[str, dict[str, float]] = {}
     for task, entries in routing.backups.items():
         for w, spare in entries:
             backups.setdefault(task, {})
             backups[task][variant[w]] = backups[task].get(variant[w], 0.0) + spare
     return {"version": version, "drop": DropMode(drop).value, "tables": tables, "exec_ms": exec_ms,
+            "batch": {r.variant: r.batch for r in routing.replicas.values()},
             "budget_ms": {v: ms * factors[pipeline.task_of(v).name] for v, ms in exec_ms.items()},
             "accuracy": {r.variant: r.accuracy for r in routing.replicas.values()},
+            "instances": dict(Counter(r.variant for r in routing.replicas.values())),
             "backups": {t: sorted(b.items(), key=lambda kv: -pipeline.variant(kv[0]).accuracy)
                         for t, b in backups.items()}}
 
 
 class LivePlanner(LokiPlanner):
-    """Loki's controller over ``instances`` replica slots: no worker of the engine moves (the BLS's Triton holds
-    every stage model); each plan carries the BLS plan in ``detail.bls`` and the instance counts."""
+    """Loki's controller over ``instances`` replica slots (the budget S): each plan carries the BLS plan in
+    ``detail.bls``, the planned variants' instance counts, and a placement that unloads the others (see the module
+    notes)."""
 
     def __init__(self, pipeline: Pipeline, instances: int, config: LokiConfig = DEFAULT_CONFIG, *,
                  drop: DropMode | str = DropMode.REROUTING, budget: str = "proportional") -> None:
@@ -78,15 +89,17 @@ class LivePlanner(LokiPlanner):
         if budget not in BUDGETS:
             raise ValueError(f"loki: budget must be one of {BUDGETS}, got {budget!r}")
         self.drop, self.budget = DropMode(drop), budget
+        self.variants = frozenset(v.id for t in pipeline.tasks for v in t.variants)
 
     def plan(self, now_us: int, demand: Demand) -> Plan:
+        # the replica slots are the planner's own (range(instances)), not the engine's workers
         plan = super().plan(now_us, Demand(demand.since_us, demand.until_us, demand.arrivals))
         detail: LokiPlan = plan.detail
         bls = bls_plan(self.pipeline, detail.routing, drop=self.drop, budget=self.budget, version=self.plans)
-        replicas = {a.variant: a.replicas for a in detail.solution.allocations}
-        # a variant the plan does not use keeps one instance: the BLS may still reroute to it
-        instances = {v.id: replicas.get(v.id, 1) for t in self.pipeline.tasks for v in t.variants}
-        return Plan(now_us, {}, replace(detail, bls=bls), instances)
+        # a worker that says nothing of what it holds (every model) is left alone: "every other model" is the BLS
+        placement = {w.id: w.resident - self.variants | set(bls["instances"])
+                     for w in demand.workers if w.resident is not None}
+        return Plan(now_us, placement, replace(detail, bls=bls), bls["instances"])
 
 
 class LokiPipeline(BlsPolicy):
@@ -94,11 +107,33 @@ class LokiPipeline(BlsPolicy):
     default 8)."""
 
     name = "loki"
-    time_left_param = "slo_ms"
 
     def __init__(self, profile: Profile, *, max_batch: int = 8, **options) -> None:
-        super().__init__(profile, max_batch=max_batch, **options)  # until the first plan: the BLS's deployed plan
+        super().__init__(profile, max_batch=max_batch, **options)
+        # (its variants, its JSON) of the plans seen, newest first, back to the newest one every worker has loaded;
+        # none until the first plan: the BLS's deployed plan
+        self.plans: list[tuple[frozenset[str], str]] = []
 
     def observe_plan(self, now_us: int, plan: Plan) -> None:
         if isinstance(plan.detail, LokiPlan) and plan.detail.bls is not None:
-            self.params = (("loki_plan", json.dumps(plan.detail.bls)),)
+            self.plans.insert(0, (frozenset(plan.detail.bls["instances"]), json.dumps(plan.detail.bls)))
+
+    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
+        loaded = [all(w.holds(m) for w in workers if w.healthy for m in models) for models, _ in self.plans]
+        if True in loaded:
+            del self.plans[loaded.index(True) + 1:]
+        return super().decide(now_us, queue, workers)
+
+    def serves(self, worker: WorkerState) -> bool:
+        return super().serves(worker) and (not self.plans or self._plan_for(worker) is not None)
+
+    def batch_params(self, now_us: int, batch: Sequence[Query], worker: WorkerState) -> tuple[tuple[str, object], ...]:
+        """The newest plan ``worker`` has loaded and, per frame, the ms it has waited since its arrival and the ms
+        it has left (``python_backend.loki_bls``'s parameters)."""
+        frames = (("waited_ms", json.dumps([(now_us - q.arrival_us) / 1000 for q in batch])),
+                  ("left_ms", json.dumps([self.slack_us(now_us, q) / 1000 for q in batch])))
+        plan = self._plan_for(worker)
+        return frames if plan is None else (("loki_plan", plan), *frames)
+
+    def _plan_for(self, worker: WorkerState) -> str | None:
+        return next((text for models, text in self.plans if all(worker.holds(m) for m in models)), None)
