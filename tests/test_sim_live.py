@@ -146,3 +146,28 @@ def test_a_hybridserve_cascade_behind_the_sidecar_is_planned_and_batched_alike(h
     assert live_ends(run_live(runs[1][0], world, arrival, arrival + slo_us, planner=runs[1][1])) == ends(sim)
     assert sim.count(Outcome.MET) > 0 and sim.count(Outcome.DROPPED) > 0
     assert runs[1][0].params == runs[0][0].params and "cascade_plan" in dict(runs[0][0].params)
+
+
+def test_a_loki_pipeline_behind_the_sidecar_is_planned_and_batched_alike():
+    """Loki's live deployment: the pipeline's BLS model as the sidecar's one logical model (LokiPipeline), its
+    controller re-planning every 2 s over 8 instances of the authors' traffic-analysis pipeline (tables sent with
+    every batch, unplanned variants unloaded, taking 100 ms to load), 2 BLS slots, a burst: the same ends."""
+    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Variant
+    from scheduler_sidecar.systems.loki.data import traffic_analysis
+    from scheduler_sidecar.systems.loki.live import LivePlanner, LokiPipeline
+    from scheduler_sidecar.systems.loki.planner import LokiConfig
+
+    pipeline = traffic_analysis()
+    stages = frozenset(v.id for t in pipeline.tasks for v in t.variants)
+    curve = LatencyCurve((1, 2, 4, 8), (40.0, 50.0, 70.0, 110.0), (40.0, 50.0, 70.0, 110.0))
+    profile = Profile("loki-pipeline", "tests", (Variant("pipeline", 1.0, Actuation(
+        "pipeline", "loki_pipeline", path=tuple(t.name for t in pipeline.tasks)), {"cpu": curve}),))
+    world = World(tuple(SimWorker(resident=stages | {"loki_pipeline"}) for _ in range(2)), load_ms=100.0)
+    arrival = bursty_us(120.0, 8.0)
+    slo_us = round(pipeline.slo_ms * 1000)
+    runs = [(LokiPipeline(profile), LivePlanner(pipeline, 8, LokiConfig(period_s=2.0, min_demand_qps=1.0)))
+            for _ in range(2)]
+    sim = Simulator(runs[0][0], world, planner=runs[0][1]).run(arrival, arrival + slo_us)
+    assert live_ends(run_live(runs[1][0], world, arrival, arrival + slo_us, planner=runs[1][1])) == ends(sim)
+    assert runs[0][1].plans >= 3 and runs[1][1].plans == runs[0][1].plans
+    assert sim.count(Outcome.MET) > 0 and sim.count(Outcome.DROPPED) > 0
