@@ -124,3 +124,24 @@ def test_the_loki_demo_answers_every_frame_and_releases_instances_after_the_burs
         assert int(after[-1][column]) < max(int(r[column]) for r in burst), column
     assert all(r["detectors"] for r in rows if int(r["met"]))
     assert "released in the quiet period" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsys):
+    """`accscale bench fidelity --system loki`, briefly: every frame sent is scored on both sides, and the gaps are
+    the two sides' difference."""
+    from loadtest.traces import constant
+    from tests.conftest import REPO_ROOT
+
+    trace = tmp_path / "trace.txt"
+    constant(5.0, 4.0).save(trace)
+    assert main(["bench", "fidelity", "--system", "loki", "--trace", str(trace), "--build-dir",
+                 str(REPO_ROOT / "build"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["queries"] == result["live_sidecar"]["queries"] == 20
+    assert result["simulated_plans"] and result["instances"] == 6
+    for side in ("client", "sidecar"):
+        for what, key in (("attainment", "slo_attainment"), ("accuracy", "mean_serving_accuracy")):
+            assert result[f"{what}_gap_pts"][side] == pytest.approx(
+                100 * (result[f"live_{side}"][key] - result["simulated"][key]), abs=0.01)

@@ -11,6 +11,13 @@ points (live minus simulated).
   policies).
 - ``ramsis``: the same supernet, its Pareto subnets as RAMSIS' models, MDP policies generated for this SLO,
   the worker count and two loads around the trace's.
+- ``loki``: the Loki demo's pipeline (``--recipe small``, cached under ``--build-dir``) as a BLS model on an
+  emulated device behind the sidecar with Loki's controller over ``--instances`` replicas; simulated as Loki's
+  per-task policies and controller over as many workers, its load times the ones measured live. Scored per
+  frame: met when every crop was served and the sidecar answered within the SLO (the client's own delays
+  left out: the sidecar's queue and service time), with the frame's accuracy the mean of its detections'
+  measured path accuracy (the detector's where it found nothing), over met frames; the simulator's frames
+  alike (its fan-out is the measured mean objects per frame, drawn per frame).
 """
 
 from __future__ import annotations
@@ -18,13 +25,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-SYSTEMS = ("superserve", "ramsis")
+import numpy as np
+
+from export.presets import DEFAULT_BUILD_DIR
+
+SYSTEMS = ("superserve", "ramsis", "loki")
 MODEL = "digits"  # the logical model clients call
+SLO_MS = {"superserve": 30.0, "ramsis": 30.0, "loki": 200.0}  # the default SLO: the demo's
 
 
 def register_bench(kinds: argparse._SubParsersAction) -> None:
@@ -39,13 +52,18 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     f.add_argument("--trace", type=Path, help="trace to replay (default: a bursty 30 s trace, 150 + 250 q/s, CV² 4)")
     f.add_argument("--policy", default="slackfit", help="superserve: the policy of both drivers (default: slackfit)")
     f.add_argument("--workers", type=int, default=1, help="Triton servers, one worker each (default: 1)")
-    f.add_argument("--slo-ms", type=float, default=30.0, help="SLO of trace lines without one (default: 30)")
+    f.add_argument("--slo-ms", type=float, help="SLO of trace lines without one (default: the system's demo's: "
+                                                + ", ".join(f"{k} {v:g}" for k, v in SLO_MS.items()) + ")")
+    f.add_argument("--instances", type=int, default=6, help="loki: the replica budget (default: 6)")
+    f.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR,
+                   help="loki: where its pipeline's build is cached (default: build)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
+    args.slo_ms = args.slo_ms or SLO_MS[args.system]
     with tempfile.TemporaryDirectory() as tmp:
         result = _SYSTEMS[args.system](args, Path(tmp), progress)
     if args.json:
@@ -92,14 +110,19 @@ def sidecar_view(http_url: str) -> dict[str, float]:
             "mean_serving_accuracy": accuracy.get("accscale_served_accuracy_sum", 0.0) / count if count else 0.0}
 
 
-def _trace(args: argparse.Namespace, tmp: Path) -> Path:
+def _trace(args: argparse.Namespace, tmp: Path, base_qps: float = 150.0, variant_qps: float = 250.0) -> Path:
     from loadtest.traces import bursty
 
     if args.trace is not None:
         return args.trace
     path = tmp / "trace.txt"
-    bursty(150.0, 250.0, cv2=4.0, duration_s=30.0, seed=0).save(path)
+    bursty(base_qps, variant_qps, cv2=4.0, duration_s=30.0, seed=0).save(path)
     return path
+
+
+def load_times_ms(log: str) -> list[float]:
+    """The model load times the sidecar measured (its log's 'loaded MODEL on WORKER in N ms')."""
+    return [float(ms) for ms in re.findall(r"loaded \S+ on \S+ in (\d+) ms", log)]
 
 
 def _single_model(args: argparse.Namespace, tmp: Path, progress, policy: str, options: dict) -> dict:
@@ -166,5 +189,62 @@ def ramsis(args: argparse.Namespace, tmp: Path, progress) -> dict:
     return _single_model(args, tmp, progress, "ramsis", {"policy_dir": str(policy_dir)})
 
 
+
+
+def loki(args: argparse.Namespace, tmp: Path, progress) -> dict:
+    import asyncio
+
+    from loadtest.traces import Trace
+    from scheduler_sidecar.experiments import loki_demo
+    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
+    from scheduler_sidecar.systems.loki import systems
+    from scheduler_sidecar.systems.loki.data import trained
+    from scheduler_sidecar.systems.loki.planner import LokiConfig
+
+    folder = args.build_dir / "loki-demo-small"
+    progress(f"building (or reusing) the Loki pipeline in {folder}")
+    stamp, profile, models, slowdown = loki_demo.deploy(folder, args.slo_ms, None, args.instances, "small")
+    pipeline = trained(stamp).scaled(slowdown)
+    trace = Trace.load(_trace(args, tmp, base_qps=5.0, variant_qps=10.0))
+    demo = argparse.Namespace(instances=args.instances, slowdown=slowdown, period_s=5.0, headroom=1.0,
+                              slo_ms=args.slo_ms)
+    config = tmp / "sidecar.toml"
+    config.write_text(loki_demo.sidecar_config(stamp, profile, demo))
+    with TritonServer(repository=folder / "repository", models=[loki_demo.BLS], emulate_slowdown=slowdown) as triton, \
+            SidecarServer(workers=[triton.grpc_url], config=config) as sidecar:
+        progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, SLO {args.slo_ms:g} ms")
+        frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))
+        load_ms = load_times_ms(sidecar.log_path.read_text())
+    slo_us = round(args.slo_ms * 1000)
+
+    def accuracy(answer: dict) -> float:
+        paths = [(answer["detector"], o["model"]) for o in answer["objects"]]
+        return float(np.mean([pipeline.accuracy(p) for p in paths])) if paths else \
+            pipeline.variant(answer["detector"]).accuracy
+
+    def view(met: list[bool]) -> dict:
+        served = [accuracy(f.answer) for f, m in zip(frames, met) if m]
+        return {"queries": len(frames), "slo_attainment": float(np.mean(met)) if met else 0.0,
+                "mean_serving_accuracy": float(np.mean(served)) if served else 0.0}
+
+    served = [f.answer is not None and f.answer["status"] == "served" for f in frames]
+    live_sidecar = view([ok and f.sidecar_us <= slo_us for ok, f in zip(served, frames)])
+    live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
+    arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
+    setup = systems.Setup(pipeline, workers=args.instances, config=LokiConfig(period_s=5.0, min_demand_qps=1.0),
+                          load_ms=float(np.mean(load_ms)) if load_ms else None)
+    run_ = systems.simulate(systems.SYSTEMS["loki"], setup, arrival_us, initial_demand_qps=0.0)
+    met = run_.frames.met
+    simulated = {"slo_attainment": float(met.mean()),
+                 "mean_serving_accuracy": float(np.nanmean(run_.frames.accuracy[met])) if met.any() else 0.0,
+                 "met": int(met.sum()), "dropped": int(run_.frames.dropped.sum())}
+    return gaps({"system": "loki", "queries": len(frames), "instances": args.instances, "slowdown": slowdown,
+                 "load_ms": load_ms, "live_client": live_client, "live_sidecar": live_sidecar,
+                 "live_outcomes": {"refused": sum(f.answer is None for f in frames),
+                                   "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},
+                 "simulated": simulated, "simulated_plans": [p.step for p in run_.plans]})
+
+
 _SYSTEMS: dict[str, Callable[[argparse.Namespace, Path, Callable[[str], None]], dict]] = {
-    "superserve": superserve, "ramsis": ramsis}
+    "superserve": superserve, "ramsis": ramsis, "loki": loki}

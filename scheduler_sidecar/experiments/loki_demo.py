@@ -29,6 +29,7 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -141,9 +142,21 @@ def sidecar_config(stamp: Path, profile: Path, args) -> str:
             f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n')
 
 
-async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict]:
-    """Send the frames to the sidecar at ``url``; per window, what came back, and what the Triton at
-    ``triton_url`` had loaded at its end."""
+@dataclass(frozen=True)
+class Frame:
+    """What came back for one frame sent to the pipeline behind the sidecar."""
+
+    sent_s: float  # when it was sent, from the start
+    answer: dict | None  # python_backend.pipeline.read_answers' dict; None: refused
+    client_s: float  # request to answer, at the client
+    sidecar_us: int  # arrival at the sidecar to its answer, as the sidecar reports (queue_us + service_us); 0: refused
+    objects: int  # objects in the scene
+    right: int  # of those, found and labelled right
+
+
+async def send(url: str, arrivals_s, models: list[str], slo_ms: float, while_sending=()) -> list[Frame]:
+    """Send held-out scenes to the sidecar at ``url``, open loop, at ``arrivals_s`` (seconds from now), awaiting
+    ``while_sending`` (coroutines) meanwhile; each frame's answer, in order."""
     import tritonclient.grpc.aio as aioclient
     from tritonclient.utils import InferenceServerException
 
@@ -152,55 +165,83 @@ async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict
     from python_backend.pipeline import read_answers
 
     scenes = generate(300, "heldout", seed=21)
-    stats: dict[int, Counter] = defaultdict(Counter)
-    detectors: dict[int, Counter] = defaultdict(Counter)
-    plans: dict[int, tuple[int, int]] = {}  # window -> (the newest plan that served a frame, its instances)
-    loaded: dict[int, int] = {}  # window -> the stage-model instances Triton had loaded at its end
-    rng = np.random.default_rng(0)
-    tasks = []
-    async with aioclient.InferenceServerClient(url) as client, aioclient.InferenceServerClient(triton_url) as triton:
-        async def one(i: int, window: int) -> None:
+    async with aioclient.InferenceServerClient(url) as client:
+        async def one(i: int, at_s: float) -> Frame:
             frame = scenes.frames[i % len(scenes)][None]
             tensor = aioclient.InferInput("FRAME", list(frame.shape), "FP32")
             tensor.set_data_from_numpy(frame)
-            s = stats[window]
-            s["sent"] += 1
+            objects = scenes.objects[i % len(scenes)]
             start = time.monotonic()
             try:
-                result = await client.infer(MODEL, [tensor], parameters={"slo_us": round(args.slo_ms * 1000)})
+                result = await client.infer(MODEL, [tensor], parameters={"slo_us": round(slo_ms * 1000)})
             except InferenceServerException:
-                s["refused"] += 1
-                return
+                return Frame(at_s, None, time.monotonic() - start, 0, len(objects), 0)
+            client_s = time.monotonic() - start
+            params = result.get_response().parameters
             (answer,) = read_answers(result.as_numpy("OBJECTS"), result.as_numpy("STATUS"), models)
-            objects = scenes.objects[i % len(scenes)]
             found = np.array([[o["row"], o["col"], o["kind"]] for o in answer["objects"]]).reshape(-1, 3)
             hits = match(found, objects)
             labels = [answer["objects"][h]["label"] for h in hits if h >= 0]
-            s["objects"] += len(objects)
-            s["right"] += sum(lab == obj[3] for lab, obj in zip(labels, objects[hits >= 0]))
-            s["rerouted"] += sum(o["outcome"] == "rerouted" for o in answer["objects"])
-            detectors[window][answer["detector"]] += 1
-            plans[window] = max(plans.get(window, (-1, 0)), (answer["plan"], answer["instances"]))
-            if answer["status"] == "dropped":
-                s["dropped"] += 1
-            elif time.monotonic() - start > args.slo_ms / 1000:
-                s["late"] += 1
-            else:
-                s["met"] += 1
+            right = sum(lab == obj[3] for lab, obj in zip(labels, objects[hits >= 0]))
+            return Frame(at_s, answer, client_s, params["queue_us"].int64_param + params["service_us"].int64_param,
+                         len(objects), int(right))
 
+        begin, tasks = time.monotonic(), [asyncio.ensure_future(c) for c in while_sending]
+        frames = []
+        for i, at_s in enumerate(arrivals_s):
+            await asyncio.sleep(max(0.0, begin + at_s - time.monotonic()))
+            frames.append(asyncio.ensure_future(one(i, float(at_s))))
+        out = await asyncio.gather(*frames)
+        await asyncio.gather(*tasks)
+    return list(out)
+
+
+def arrivals(args) -> np.ndarray:
+    """Poisson arrivals at ``base_qps``, ``burst_qps`` in the middle third of ``duration_s``."""
+    rng = np.random.default_rng(0)
+    out, t = [], rng.exponential(1 / args.base_qps)
+    while t < args.duration_s:
+        out.append(t)
+        burst = args.duration_s / 3 <= t < 2 * args.duration_s / 3
+        t += rng.exponential(1 / (args.burst_qps if burst else args.base_qps))
+    return np.array(out)
+
+
+async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict]:
+    """Send the frames to the sidecar at ``url``; per window, what came back, and what the Triton at
+    ``triton_url`` had loaded at its end."""
+    import tritonclient.grpc.aio as aioclient
+
+    loaded: dict[int, int] = {}  # window -> the stage-model instances Triton had loaded at its end
+    async with aioclient.InferenceServerClient(triton_url) as triton:
         async def sample(window: int) -> None:
             await asyncio.sleep(max(0.0, begin + (window + 1) * WINDOW_S - time.monotonic()))
             loaded[window] = await loaded_instances(triton, models)
 
-        begin, t, i = time.monotonic(), 0.0, 0
-        tasks += [asyncio.ensure_future(sample(w)) for w in range(math.ceil(args.duration_s / WINDOW_S))]
-        while t < args.duration_s:
-            burst = args.duration_s / 3 <= t < 2 * args.duration_s / 3
-            t += rng.exponential(1 / (args.burst_qps if burst else args.base_qps))
-            await asyncio.sleep(max(0.0, begin + t - time.monotonic()))
-            tasks.append(asyncio.ensure_future(one(i, int(t // WINDOW_S))))
-            i += 1
-        await asyncio.gather(*tasks)
+        begin = time.monotonic()
+        samples = [sample(w) for w in range(math.ceil(args.duration_s / WINDOW_S))]
+        frames = await send(url, arrivals(args), models, args.slo_ms, samples)
+    stats: dict[int, Counter] = defaultdict(Counter)
+    detectors: dict[int, Counter] = defaultdict(Counter)
+    plans: dict[int, tuple[int, int]] = {}  # window -> (the newest plan that served a frame, its instances)
+    for f in frames:
+        window = int(f.sent_s // WINDOW_S)
+        s = stats[window]
+        s["sent"] += 1
+        if f.answer is None:
+            s["refused"] += 1
+            continue
+        s["objects"] += f.objects
+        s["right"] += f.right
+        s["rerouted"] += sum(o["outcome"] == "rerouted" for o in f.answer["objects"])
+        detectors[window][f.answer["detector"]] += 1
+        plans[window] = max(plans.get(window, (-1, 0)), (f.answer["plan"], f.answer["instances"]))
+        if f.answer["status"] == "dropped":
+            s["dropped"] += 1
+        elif f.client_s > args.slo_ms / 1000:
+            s["late"] += 1
+        else:
+            s["met"] += 1
     rows = []
     for w, s in sorted(stats.items()):
         rows.append({"window_s": w * WINDOW_S, "sent": s["sent"], "met": s["met"], "dropped": s["dropped"],
