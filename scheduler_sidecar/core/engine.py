@@ -455,12 +455,14 @@ class Engine:
 
     # ------------------------------------------------------------------ admission, workers, endings
     def _refusal(self, qt: QueryType, query: Query) -> RequestError | None:
-        if not self._num_healthy(qt):
+        if not self._view(qt)[1]:
             return Unavailable("no healthy worker")
         if qt.queue_limit is not None and len(qt.queue) >= qt.queue_limit:
             return Unavailable(f"queue full ({qt.queue_limit} requests queued)")
         if query.stage == 0:  # a client's SLO below the quickest option on any worker cannot be met
-            quickest = self.quickest_us(qt.name)
+            cached = self._quickest.get(qt.name)  # quickest_us(), inline: it is asked on every arrival
+            quickest = cached[1] if cached is not None and cached[0] == qt.policy.latency.version else \
+                self.quickest_us(qt.name)
             if query.deadline_us - query.arrival_us < quickest:
                 return SloInfeasible(f"slo_us {query.deadline_us - query.arrival_us} is below the fastest variant's "
                                      f"batch-1 latency ({quickest} us): no variant can meet it")

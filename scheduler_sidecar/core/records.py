@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from scheduler_sidecar.errors import AccscaleError, PolicyError
 
@@ -39,9 +40,9 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"  # its client left while it was queued
 
 
-@dataclass(frozen=True, slots=True)
-class QueryRecord:
-    """How one query ended; every query produces exactly one."""
+class QueryRecord(NamedTuple):
+    """How one query ended; every query produces exactly one (a named tuple: one is made per query, and a tuple is
+    made three times quicker than a frozen dataclass, which the simulator's speed feels)."""
 
     query_id: int
     arrival_us: int

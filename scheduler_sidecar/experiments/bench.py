@@ -1,8 +1,8 @@
 """``accscale bench simulator`` and ``accscale bench slackfit``: the scheduling core's speed.
 
-- simulator: queries simulated per wall-clock second on a bursty trace of exactly --queries
-  queries (default 1,000,000; SlackFit, the paper-scale profile, 8 workers, SLO 36 ms); the
-  requirement is 1,000,000 per minute.
+- simulator: queries simulated per wall-clock second, and per CPU-minute of this process, on a
+  bursty trace of exactly --queries queries (default 1,000,000; SlackFit, the paper-scale
+  profile, 8 workers, SLO 36 ms); the goal is 10,000,000 per CPU-minute.
 - slackfit: time of one ``decide()`` with a synthetic profile of many Pareto subnets and
   batch sizes 1..16, on a queue of queued queries (paper: well under 1 ms); median and p99.
 - optimal-gap: each policy's objective (profiled accuracy summed over queries that meet
@@ -70,14 +70,17 @@ def run_simulator(args: argparse.Namespace) -> int:
     while len(trace := bursty(base_qps, variant_qps, cv2=8, duration_s=duration_s, seed=0)) < args.queries:
         duration_s *= 1.01
     arrival_us = np.round(trace.arrival_s[: args.queries] * 1e6).astype(np.int64)
+    cpu_started = time.process_time()
     result = Simulator(make_policy("slackfit", profile), SimConfig(workers=args.workers)).run(
         arrival_us, arrival_us + 36_000)
+    cpu_s = time.process_time() - cpu_started  # a shared machine's other load does not count against it
     s = result.summary()
     if s["queries"] != args.queries:
         raise RuntimeError(f"simulated {s['queries']} queries, not the {args.queries} asked for")
     out = {"queries": s["queries"], "trace_seconds": float(arrival_us[-1] / 1e6), "wall_seconds": s["wall_seconds"],
            "queries_per_wall_second": s["queries_per_wall_second"],
-           "queries_per_wall_minute": 60 * s["queries_per_wall_second"],
+           "queries_per_wall_minute": 60 * s["queries_per_wall_second"], "cpu_seconds": cpu_s,
+           "queries_per_cpu_minute": 60 * s["queries"] / cpu_s,
            "slo_attainment": s["slo_attainment"], "decisions": s["decisions"]}
     print(json.dumps(out) if args.json else "\n".join(f"{k:>24}: {v}" for k, v in out.items()))
     return 0
