@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 from importlib import metadata as importlib_metadata
 
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
+from scheduler_sidecar.core.plan import Demand, Plan, Planner
+from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.core.records import Query
 from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
 from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
 from scheduler_sidecar.live.pool import WorkerPool
@@ -69,7 +73,7 @@ class Sidecar:
             inputs, outputs = await self._tensors(profile)
             stats = ModelMetrics(self.metrics, spec.name)
             model = LiveModel(_options(spec), profile, inputs, outputs, stats)
-            pairs.append((model, _policy(spec, profile, spec.policy, spec.policy_options)))
+            pairs.append((model, model_policy(spec, profile)))
             stats.policy(None, spec.policy)
         self.driver = LiveDriver(pairs, on_worker_lost=self.pool.mark_down)
         self.models = dict(self.driver.models)
@@ -165,7 +169,7 @@ class Sidecar:
             planner = ProteusPlanner(self.profiles, [(w.id, w.device) for w in engine.workers],
                                      {m.name: m.default_slo_us / 1000 for m in self.config.models},
                                      self.config.planner.proteus_config())
-        self.driver.use_planner(planner)
+        self.driver.use_planner(_Logged(planner))
         deadline = asyncio.get_running_loop().time() + self.config.startup_wait_s
         while engine.placing and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
@@ -261,8 +265,7 @@ class Sidecar:
             raise InvalidRequest(str(exc)) from None
         async with self._admin:
             try:
-                new = await asyncio.get_running_loop().run_in_executor(
-                    None, _policy, spec, model.profile, spec.policy, spec.policy_options)
+                new = await asyncio.get_running_loop().run_in_executor(None, model_policy, spec, model.profile)
             except (TypeError, ValueError, ArithmeticError) as exc:
                 raise InvalidRequest(f"policy {quote(policy)}: {exc}") from None
             assert self.driver is not None
@@ -282,13 +285,31 @@ class Sidecar:
         return [{"url": w.url, "healthy": self.pool.healthy[w.url]} for w in self.pool.workers]
 
 
+class _Logged(Planner):
+    """A planner whose plans are logged as they are made: when each was asked for and when it was ready, on the
+    engine's clock (the machine's monotonic one), so that a simulation of a replay can plan when the sidecar did
+    and put each plan in force as late (bench fidelity)."""
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner, self.period_us = planner, planner.period_us
+
+    def plan(self, now_us: int, demand: Demand) -> Plan:
+        plan = self.planner.plan(now_us, demand)
+        log.info("plan asked for at %.6f s, ready at %.6f s (monotonic clock)", now_us / 1e6, time.monotonic())
+        return plan
+
+    def observe_arrival(self, now_us: int, query: Query) -> bool:
+        return self.planner.observe_arrival(now_us, query)
+
+
 def _options(spec: ModelSpec) -> ModelOptions:
     return ModelOptions(spec.name, spec.default_slo_us, spec.queue_limit, spec.max_attempts, spec.latency_calibration)
 
 
-def _policy(spec: ModelSpec, profile: Profile, name: str, options: dict):
-    routed = {"query_type": spec.name} if name == "proteus" else {}  # a plan's routes name the logical model
-    return make_policy(name, profile, **{"overhead_us": spec.overhead_us, **routed, **options})
+def model_policy(spec: ModelSpec, profile: Profile) -> Policy:
+    """The policy a logical model is served by (a simulation of the sidecar builds the same)."""
+    routed = {"query_type": spec.name} if spec.policy == "proteus" else {}  # a plan's routes name the logical model
+    return make_policy(spec.policy, profile, **{"overhead_us": spec.overhead_us, **routed, **spec.policy_options})
 
 
 async def _tensors(worker: Worker, triton_model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
