@@ -41,6 +41,7 @@ class CascadeRun:
     mean_wait_ms: tuple[float, ...]  # per model: queueing before a batch starts
     mean_service_ms: tuple[float, ...]  # per model: its batches' duration
     mean_batch: tuple[float, ...]  # per model: requests per batch
+    latency_ms: tuple[float, float]  # p50 and p99 of answered requests, arrival to answer
 
 
 class Escalation:
@@ -111,12 +112,15 @@ def _summarise(esc: Escalation, result, preds: Predictions, sample: np.ndarray) 
     outcome = {i: int(code) for i, code in enumerate(result.outcome)}
     outcome.update((r.query_id, OUTCOME_CODES[r.outcome]) for r in result.follow_ups)
     met = np.array([outcome[esc.last.get(r, r)] == OUTCOME_CODES[Outcome.MET] for r in range(n)])
+    finish = dict(enumerate(result.finish_us.tolist()))
+    finish.update((r.query_id, r.finish_us) for r in result.follow_ups)
     models = len(esc.cascade.models)
     answered_by = np.array([esc.by.get(r, (-1, False))[0] for r in range(n)])
     early = np.array([esc.by.get(r, (-1, False))[1] for r in range(n)])
     done = answered_by >= 0
     correct = np.zeros(n, dtype=bool)
     correct[done] = preds.labels[answered_by[done], sample[done]] == preds.truth[sample[done]]
+    latency_ms = np.array([finish[esc.last.get(r, r)] - result.arrival_us[r] for r in np.flatnonzero(done)]) / 1000
     return CascadeRun(
         n, float(1 - met.mean()) if n else 0.0, float(correct[done].mean()) if done.any() else 0.0,
         float(correct[met].mean()) if met.any() else 0.0,
@@ -124,4 +128,5 @@ def _summarise(esc: Escalation, result, preds: Predictions, sample: np.ndarray) 
         float(early.mean()), float(esc.busy_us.sum() / 1e6 / n) if n else 0.0,
         tuple(float(w / max(s, 1) / 1000) for w, s in zip(esc.wait_us, esc.served)),
         tuple(float(b / max(k, 1) / 1000) for b, k in zip(esc.busy_us, esc.batches)),
-        tuple(float(s / max(k, 1)) for s, k in zip(esc.served, esc.batches)))
+        tuple(float(s / max(k, 1)) for s, k in zip(esc.served, esc.batches)),
+        tuple(float(np.percentile(latency_ms, q)) if len(latency_ms) else 0.0 for q in (50, 99)))
