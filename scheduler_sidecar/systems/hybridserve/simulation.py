@@ -3,9 +3,9 @@ escalation is a follow-up query on the next model's queue, so a plan's replica c
 are deployed.
 
 Each request stands for one sample of an evaluation split (drawn uniformly, or the ones given, as a live replay
-sends them); a model's batch routes each of its samples by the sample's cached confidence (:func:`python_backend.cascade.route`, as the BLS model does). Every
-model's workers batch by the head's slack (the largest profiled batch that fits, Clipper+'s rule) and drop what
-can no longer make its deadline.
+sends them); a model's batch routes each of its samples by the sample's cached confidence
+(:func:`python_backend.cascade.route`, as the BLS model does). Every model's workers batch by the head's slack (the
+largest profiled batch that fits, Clipper+'s rule) and drop what can no longer make its deadline.
 
 SLO-aware forwarding (an extension; the paper has no SLO): where the time left cannot pay for the next model at
 batch 1, the request is answered by the model it is at, and counted as such.
