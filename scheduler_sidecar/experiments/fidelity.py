@@ -17,9 +17,9 @@ and accuracies are printed side by side with their gaps in points (live minus si
   and no initial demand, as the sidecar builds it), the same policies (built from the same config), the same
   device kinds, every worker holding every variant at the start (as each Triton starts), and what the live run
   measured, from the sidecar's log and the request logs: its clock (the simulation's is the sidecar's monotonic
-  one less whole seconds, so that it starts when the first plan was asked for, queries arrive when the replay
-  sent them, and periods and the planner's one-second counts fall as they did live); each plan's solve time (a
-  plan asked for when the sidecar asked for one comes into force as late); each model's load time (its mean
+  one less whole seconds, so that it starts when the first plan was asked for, each query arrives when the
+  replay sent it, and periods and the planner's one-second counts fall as they did live); each plan's solve
+  time (a plan asked for when the sidecar asked for one comes into force as late); each model's load time (its mean
   'loaded MODEL on WORKER in N ms', the mean of all for a model only the simulation loads); and what a batch
   takes beyond its profiled p50, added to every simulated batch: the RPC and Triton's own time (service time
   over p50 on the worker's kind, mean over batches) and the sidecar's turnaround between one batch's answer and
@@ -27,8 +27,11 @@ and accuracies are printed side by side with their gaps in points (live minus si
   over every query: live from the sidecar's /metrics summed over the models, simulated from the SimResult;
   accuracy as superserve's. Not simulated: the sidecar's warm-up (a request per worker and model after the
   first plan, seconds before the replay, counted in the planner's demand) and the spread of the per-batch
-  overhead (a constant in the simulation). The client's view adds the replay's send lag and gRPC both ways
-  (``client_delay_ms``, p50 and p99).
+  overhead (a constant in the simulation). The planner's burst rule compares whole-second counts with a
+  threshold, so counts one query apart (a query the sidecar took in a few ms after it was sent, across a
+  second's end) can move a plan by a second, and the two runs part from there: ``plans`` says how many of the
+  simulated plans were asked for when the sidecar asked for one. The client's view adds the replay's send lag
+  and gRPC both ways (``client_delay_ms``, p50 and p99).
 - ``hybridserve``: the HybridServe demo's family and cascade BLS (:mod:`.hybridserve_demo`) on one Triton whose
   models run its emulated slowdown, the sidecar with ``[planner] kind = "hybridserve"`` (``--mode``,
   ``--instances``, ``--rounding``, ``--no-prune``), and a gamma trace (CV² 4) at ``--rate-qps`` whose payload
@@ -292,9 +295,10 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     (tmp / "sidecar.log").write_text(log)
     config = load(tmp / "sidecar.toml", workers=tuple(t.grpc_url for t in tritons))
     profiles = {m.name: Profile.load(m.profile) for m in config.models}
-    logs = [RequestLog.load(tmp / "run" / m["request_log"]) for m in client["models"].values()]
-    measured = _measured(log, client["replay_start_monotonic_s"], logs, profiles, config.worker_devices)
-    sim, names, plans = _simulate_proteus(config, profiles, traces, args.slo_ms, measured)
+    logs = {q: RequestLog.load(tmp / "run" / m["request_log"]) for q, m in client["models"].items()}
+    measured = _measured(log, client["replay_start_monotonic_s"], list(logs.values()), profiles,
+                         config.worker_devices)
+    sim, names, plans = _simulate_proteus(config, profiles, logs, measured)
     return gaps({
         "system": "proteus", "queries": client["summary"]["queries"],
         "live_client": client["summary"], "live_sidecar": server, "simulated": _sim_view(sim.summary()),
@@ -307,7 +311,7 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                        "plans": plans, "loads_live": measured.loads, "load_ms_simulated": measured.load_ms,
                        "service_overhead_ms": round(measured.service_overhead_ms, 2),
                        "turnaround_ms": round(measured.turnaround_ms, 2)},
-        "differences": {"client_delay_ms": _client_delay_ms(logs)},
+        "differences": {"client_delay_ms": _client_delay_ms(list(logs.values()))},
     })
 
 
@@ -402,16 +406,16 @@ def _payloads(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
     return path
 
 
-def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], traces: Mapping[str, Path],
-                      slo_ms: float, measured: Measured) -> tuple[SimResult, np.ndarray, dict]:
-    """The sidecar's planner, policies and workers (``config``) in a world of what was ``measured``, over the query
-    types' traces as one: (its result, each query's type, its plans beside the sidecar's).
+def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], logs: Mapping[str, RequestLog],
+                      measured: Measured) -> tuple[SimResult, np.ndarray, dict]:
+    """The sidecar's planner, policies and workers (``config``) in a world of what was ``measured``, over the
+    queries the replay sent (``logs``: model -> its request log) as one trace: (its result, each query's type, its
+    plans beside the sidecar's).
 
     The simulation's clock is the sidecar's less whole seconds: it starts when the first plan was asked for, the
     queries arrive when the replay sent them, and a plan asked for when the sidecar asked for one (within
     PLAN_MATCH_S) comes into force as late as the sidecar's did (the median of them otherwise), so that plans,
     periods and the planner's one-second counts fall as they did live."""
-    from scheduler_sidecar.experiments.simulate import load_queries
     from scheduler_sidecar.server.service import model_policy
     from scheduler_sidecar.sim.simulator import Simulator
     from scheduler_sidecar.sim.world import SimWorker, World
@@ -434,11 +438,14 @@ def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], tr
         matched.append(bool(gap.min() <= PLAN_MATCH_S))
         return round(1e6 * (delays[int(np.argmin(gap))] if matched[-1] else np.median(delays)))
 
-    queries = {q: load_queries(path, slo_ms) for q, path in traces.items()}
-    names = np.concatenate([np.full(len(arrival), q) for q, (arrival, _) in queries.items()])
-    shift = round((measured.replay_start_s - origin_s) * 1e6)
-    arrival, deadline = (shift + np.concatenate([qs[i] for qs in queries.values()]) for i in (0, 1))
-    order = np.argsort(arrival, kind="stable")  # ties in the replay's order: by type, as listed
+    names = np.concatenate([np.full(len(log.entries), q) for q, log in logs.items()])
+    # when each query was sent (its schedule and the client's lag; a trace's query near a second's end may have
+    # been sent in the next one, and the planner counts it there)
+    sent_s = np.concatenate([log.column("scheduled_s") + log.column("lag_ms") / 1000 for log in logs.values()])
+    slo_ms = np.concatenate([log.column("slo_ms") for log in logs.values()])
+    arrival = np.round((measured.replay_start_s - origin_s + sent_s) * 1e6).astype(np.int64)
+    deadline = arrival + np.round(slo_ms * 1000).astype(np.int64)
+    order = np.argsort(arrival, kind="stable")
     policies = {m.name: model_policy(m, profiles[m.name]) for m in config.models}
     result = Simulator(policies, world, planner=planner, plan_delay_us=plan_delay_us).run(
         arrival[order], deadline[order], names[order].tolist(), start_us=round((asked[0] - origin_s) * 1e6))
