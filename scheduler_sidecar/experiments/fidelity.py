@@ -27,11 +27,12 @@ and accuracies are printed side by side with their gaps in points (live minus si
   over every query: live from the sidecar's /metrics summed over the models, simulated from the SimResult;
   accuracy as superserve's. Not simulated: the sidecar's warm-up (a request per worker and model after the
   first plan, seconds before the replay, counted in the planner's demand) and the spread of the per-batch
-  overhead (a constant in the simulation). The planner's burst rule compares whole-second counts with a
-  threshold, so counts one query apart (a query the sidecar took in a few ms after it was sent, across a
-  second's end) can move a plan by a second, and the two runs part from there: ``plans`` says how many of the
-  simulated plans were asked for when the sidecar asked for one. The client's view adds the replay's send lag
-  and gRPC both ways (``client_delay_ms``, p50 and p99).
+  overhead (a constant in the simulation). The planner decides on a burst at a second's first arrival, from
+  whole-second counts against a threshold and at most once per 2 s cooldown, so a count one query apart or a
+  cooldown passed by a few ms (the sidecar takes a query in a few ms after it was sent) can move a plan by a
+  second, and the two runs part from there: ``plans`` says how many of the simulated plans were asked for when
+  the sidecar asked for one. The client's view adds the replay's send lag and gRPC both ways
+  (``client_delay_ms``, p50 and p99).
 - ``hybridserve``: the HybridServe demo's family and cascade BLS (:mod:`.hybridserve_demo`) on one Triton whose
   models run its emulated slowdown, the sidecar with ``[planner] kind = "hybridserve"`` (``--mode``,
   ``--instances``, ``--rounding``, ``--no-prune``), and a gamma trace (CV² 4) at ``--rate-qps`` whose payload
@@ -43,11 +44,13 @@ and accuracies are printed side by side with their gaps in points (live minus si
   simulated from the answering model's cached prediction over the requests met. Inherent to the live system,
   and reported measured: a BLS instance holds its batch through every model and answers all of its requests
   once the last model ran, where the simulator answers each request when its model does (``latency_ms``, p50
-  and p99 of both); the BLS instances, each busy for its batch's whole cascade, cap the throughput where the
-  simulator's per-model queues do not (the BLS's mean batch time against its models', ``per_model_live``);
-  and Triton merges the instances' calls to a model as they queue, where the simulator batches each model's
-  queue by its slack (Clipper+) and drops what can no longer make it (each model's mean batch, wait and batch
-  time on both sides, live from Triton's statistics over the replay).
+  and p99 of both); a BLS batch costs more than its models' waits and runs (the Python backend's calls between
+  the BLS and the models, on cores its instances share with everything else: the BLS's mean batch time against
+  its models', ``per_model_live``), and the instances, each busy for its batch's whole cascade, cap the
+  throughput where the simulator's per-model queues do not; and Triton merges the instances' calls to a model
+  as they queue, where the simulator batches each model's queue by its slack (Clipper+) and drops what can no
+  longer make it (each model's mean batch, wait and batch time on both sides, live from Triton's statistics
+  over the replay). On this 2-core machine the sidecar shares its cores with them too: ``client_delay_ms``.
 """
 
 from __future__ import annotations
