@@ -5,7 +5,8 @@
 errors), ``slo_ms``, ``status`` (``ok`` or the error's status), ``variant``, ``accuracy``
 (profiled, as the sidecar reported it), ``batch_size``, ``queue_ms`` and ``service_ms`` (the
 sidecar's split of its own time: queued, then at the worker), ``correct`` (1/0 against the
-digit's label, empty for errors).
+sample's label, empty for errors), ``worker`` (the Triton that served it, as the sidecar
+reported it; empty in logs written before the column was added).
 
 A request meets its SLO if it is answered within the SLO of its *scheduled* arrival, so a
 client that falls behind is charged for it. Mean serving accuracy averages the profiled
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 COLUMNS = ("index", "scheduled_s", "lag_ms", "latency_ms", "slo_ms", "status", "variant", "accuracy",
-           "batch_size", "queue_ms", "service_ms", "correct")
+           "batch_size", "queue_ms", "service_ms", "correct", "worker")
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Entry:
     queue_ms: float = math.nan
     service_ms: float = math.nan
     correct: float = math.nan
+    worker: str = ""
 
 
 @dataclass
@@ -54,18 +56,18 @@ class RequestLog:
             for e in self.entries:
                 writer.writerow([e.index, f"{e.scheduled_s:.6f}", f"{e.lag_ms:.3f}", _num(e.latency_ms, 3),
                                  f"{e.slo_ms:g}", e.status, e.variant, _num(e.accuracy, 6), e.batch_size,
-                                 _num(e.queue_ms, 3), _num(e.service_ms, 3), _num(e.correct, 0)])
+                                 _num(e.queue_ms, 3), _num(e.service_ms, 3), _num(e.correct, 0), e.worker])
 
     @classmethod
     def load(cls, path: Path | str) -> RequestLog:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            if tuple(reader.fieldnames or ()) != COLUMNS:
+            if tuple(reader.fieldnames or ()) not in (COLUMNS, COLUMNS[:-1]):
                 raise ValueError(f"{path}: not a request log (columns {reader.fieldnames}, expected {list(COLUMNS)})")
             return cls([Entry(int(r["index"]), float(r["scheduled_s"]), float(r["slo_ms"]), float(r["lag_ms"]),
                               _float(r["latency_ms"]), r["status"], r["variant"], _float(r["accuracy"]),
                               int(r["batch_size"]), _float(r["queue_ms"]), _float(r["service_ms"]),
-                              _float(r["correct"])) for r in reader])
+                              _float(r["correct"]), r.get("worker", "")) for r in reader])
 
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(e, name) for e in self.entries])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from loadtest.traces import gamma
-from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Predictions
+from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Predictions, answered_by
 from scheduler_sidecar.systems.hybridserve.placement import BALANCED, NEAREST, replicas
 from scheduler_sidecar.systems.hybridserve.planner import operating_points
 from scheduler_sidecar.systems.hybridserve.simulation import simulate
@@ -41,6 +41,21 @@ def test_the_simulated_cascade_answers_as_the_offline_one_under_light_load(hybri
     np.testing.assert_allclose(run.reach, ap.test.reach, atol=0.04)
     assert abs(run.accuracy - ap.test.accuracy) < 0.03
     assert abs(sum(run.answered) - 1.0) < 1e-9
+
+
+def test_requests_answer_the_samples_they_are_given(hybridserve_family, points):
+    """As a live replay sends them: requests all on one test sample are answered as the offline cascade answers it,
+    right for one sample and wrong for another."""
+    family, ap = hybridserve_family, points["ap"]
+    preds = family.predictions("test").subset([family.names.index(m) for m in ap.cascade.models])
+    by = answered_by(preds, np.array(ap.cascade.thresholds), ap.cascade.skip)[0]
+    right = preds.labels[by, np.arange(len(by))] == preds.truth
+    arrival_us = np.round(gamma(100.0, 4.0, 2.0, seed=3).arrival_s * 1e6).astype(np.int64)
+    for sample, accuracy in ((int(np.argmax(right)), 1.0), (int(np.argmin(right)), 0.0)):
+        run = simulate(family, ap.cascade, ap.replicas(family, 8), preds, arrival_us, 150.0, slowdown=SLOWDOWN,
+                       sample=np.full(len(arrival_us), sample))
+        assert run.violation_ratio == 0.0 and run.met_accuracy == run.accuracy == accuracy
+        assert 0 < run.latency_ms[0] <= run.latency_ms[1] < 150.0 and len(run.mean_batch) == len(ap.cascade.models)
 
 
 COSTS = (1e-6, 2.5e-6, 3e-6, 17e-6)  # worker-seconds per request at a full batch

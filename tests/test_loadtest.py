@@ -118,9 +118,48 @@ def test_fidelity_command_compares_live_and_simulated(fast_build, tmp_path, caps
     assert result["system"] == system and result["policy"] == ("slackfit" if system == "superserve" else "ramsis")
     assert result["queries"] == result["live_client"]["queries"] == result["live_sidecar"]["queries"] == 60
     assert result["simulated"]["met"] + result["simulated"]["late"] + result["simulated"]["dropped"] == 60
+    assert_gaps_of_both_sides(result)
+
+
+def test_fidelity_proteus_takes_over_what_the_live_run_measured(capsys):
+    """The Proteus demo's deployment, a 6-second trace per query type replayed at once: every side counts every
+    query, per model too, the simulation plans as often as the sidecar logged, and the gaps are the two sides'."""
+    assert main(["bench", "fidelity", "--system", "proteus", "--build-dir", str(REPO_ROOT / "build"),
+                 "--duration-s", "6", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    n = result["queries"]
+    assert result["live_client"]["queries"] == result["live_sidecar"]["queries"] == n > 0
+    assert sum(result["simulated"][k] for k in ("met", "late", "dropped", "rejected")) == n
+    assert set(result["by_model"]) == {"digits", "wine", "cancer"}
+    for side in ("live_sidecar", "simulated"):
+        assert sum(m[side]["queries"] for m in result["by_model"].values()) == n
+    plans = result["deployment"]["plans"]
+    assert plans["live"] == len(plans["live_solve_ms"]) >= 1 and plans["simulated"] >= plans["simulated_when_live"]
+    assert set(result["deployment"]["workers"].values()) == {"slow", "slower"}
+    assert_gaps_of_both_sides(result)
+
+
+def test_fidelity_hybridserve_scores_the_same_samples_on_both_sides(capsys, hybridserve_family):
+    """HybridServe's cascade behind the sidecar, 4 seconds at 100 requests/s: accuracy is the answers' worth on
+    both sides, the simulation runs the deployed cascade's models, and the gaps are the two sides'."""
+    assert main(["bench", "fidelity", "--system", "hybridserve", "--build-dir", str(hybridserve_family.folder.parent),
+                 "--duration-s", "4", "--rate-qps", "100", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["accuracy_metric"] == "measured_accuracy"
+    assert result["live_client"]["queries"] == result["live_sidecar"]["queries"] == result["queries"] > 0
+    models = result["deployment"]["models"]
+    assert set(models) <= set(result["deployment"]["replicas"]) == set(hybridserve_family.names)
+    assert list(result["differences"]["per_model_simulated"]) == models
+    assert set(models) < set(result["differences"]["per_model_live"])  # and the BLS
+    assert_gaps_of_both_sides(result)
+
+
+def assert_gaps_of_both_sides(result: dict) -> None:
+    """Each gap is the live view's score less the simulated one's, in points (rounded to 0.01)."""
     for side in ("client", "sidecar"):
-        assert result["attainment_gap_pts"][side] == pytest.approx(
-            100 * (result[f"live_{side}"]["slo_attainment"] - result["simulated"]["slo_attainment"]), abs=0.01)
+        for what, key in (("attainment", "slo_attainment"), ("accuracy", result["accuracy_metric"])):
+            assert result[f"{what}_gap_pts"][side] == pytest.approx(
+                100 * (result[f"live_{side}"][key] - result["simulated"][key]), abs=0.01)
 
 
 def test_demo_in_reduced_form(tmp_path, capsys):

@@ -3,10 +3,13 @@
 import numpy as np
 import pytest
 
+from scheduler_sidecar.core.plan import Plan, Planner
 from scheduler_sidecar.core.records import Outcome
 from scheduler_sidecar.sim.results import OUTCOME_CODES
 from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.sim.world import World
 from scheduler_sidecar.systems import POLICIES, make_policy
+from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 from tests.builders import POLICY_OPTIONS, make_profile
 
 PROFILE = make_profile(n_variants=5, batch_sizes=tuple(range(1, 17)))
@@ -80,3 +83,47 @@ def test_dynamics_cover_the_run():
 def test_bad_traces_are_rejected():
     with pytest.raises(ValueError, match="non-decreasing"):
         Simulator(make_policy("slackfit", PROFILE), SimConfig(workers=1)).run([5, 3], [10, 10])
+    with pytest.raises(ValueError, match="before the start"):
+        Simulator(make_policy("slackfit", PROFILE), SimConfig(workers=1)).run([5, 6], [10, 10], start_us=6)
+
+
+class Periodic(Planner):
+    """Plans every 100 ms, recording when it was asked to."""
+
+    period_us = 100_000
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def plan(self, now_us, demand):
+        self.asked.append(now_us)
+        return Plan(now_us)
+
+
+class Watching(SlackFit):
+    """SlackFit, recording each plan it is given: (when it was asked for, when it came into force)."""
+
+    def __init__(self, profile) -> None:
+        super().__init__(profile)
+        self.seen: list[tuple[int, int]] = []
+
+    def observe_plan(self, now_us, plan):
+        self.seen.append((plan.created_us, now_us))
+
+
+def test_a_run_starts_at_its_start_and_plans_come_into_force_late():
+    """A live run's clock and solve times taken over: the first plan is asked for at start_us, each comes into
+    force plan_delay_us later, and the period counts from then, as the live driver's does."""
+    planner, policy = Periodic(), Watching(PROFILE)
+    arrival = np.arange(500_000, 800_000, 10_000)
+    Simulator(policy, SimConfig(workers=1), planner=planner, plan_delay_us=lambda now_us: 20_000).run(
+        arrival, arrival + 30_000, start_us=450_000)
+    assert planner.asked[:3] == [450_000, 570_000, 690_000]
+    assert policy.seen[:2] == [(450_000, 470_000), (570_000, 590_000)]
+
+
+def test_a_worlds_batch_overhead_adds_to_every_batch():
+    arrival = np.array([0, 100_000])
+    finish = [Simulator(make_policy("slackfit", PROFILE), World.uniform(1, batch_overhead_ms=ms)).run(
+        arrival, arrival + 50_000).finish_us for ms in (0.0, 2.5)]
+    assert (finish[1] - finish[0]).tolist() == [2_500, 2_500]

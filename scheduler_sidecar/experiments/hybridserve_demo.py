@@ -40,7 +40,10 @@ import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
 from scheduler_sidecar.systems.hybridserve.energy import NvmlMeter, nvml_meter, per_request_mj
+from scheduler_sidecar.systems.hybridserve.family import Family
+from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig
 from scheduler_sidecar.systems.hybridserve.placement import BALANCED, NEAREST
+from scheduler_sidecar.systems.hybridserve.planner import OperatingPoint
 
 MODEL = "digits-cascade"  # the logical model clients call
 BLS = "cascade"
@@ -83,25 +86,20 @@ def register(demos: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
-    from export import repository
     from export.cascade_models import build
     from scheduler_sidecar.core.plan import Demand
     from scheduler_sidecar.live.triton_launcher import TritonServer
     from scheduler_sidecar.server.serve import SidecarServer
-    from scheduler_sidecar.systems.hybridserve.family import Family
-    from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig
 
     out = args.out or Path("runs") / time.strftime("hybridserve-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     stamp = build(args.build_dir / "hybridserve")
     family = Family.load(stamp)
-    # a derived factor under 1 (a machine slower than the default device) runs the models as they are
-    args.slowdown = args.slowdown or max(1.0, LARGEST_BATCH_MS / family.models[-1].latency.p50_at(ROWS))
+    args.slowdown = args.slowdown or default_slowdown(family)
     period_s = args.slowdown * family.models[-1].latency.p50_at(ROWS) / 1000
-    planners = _planners(family, HybridServeConfig(args.instances, args.replicas, args.slowdown))
-    repo = family.folder / "repository"
-    repository.write_cascade(repo, BLS, planners["ap-pruned"].bls_plan, family.names, max_batch_size=ROWS,
-                             instances=BLS_INSTANCES)
+    config = HybridServeConfig(args.instances, args.replicas, args.slowdown)
+    planners = _planners(family, config)
+    repo = write_bls(family, planners["ap-pruned"].bls_plan)
     images, labels = family.images("test")
     # an emulated device sleeps most of each batch: GPUs would read idle power, so its energy is the power model's
     meter = nvml_meter() if args.slowdown == 1 else None
@@ -123,11 +121,11 @@ def run(args: argparse.Namespace) -> int:
                           "batched_cost_us": round(1e6 * point.batched_cost(family, ROWS), 3),
                           "capacity_rps": round(point.capacity_rps(family, replicas, ROWS) / args.slowdown, 1),
                           **measured})
-            config = out / f"sidecar-{name}.toml"
-            config.write_text(_sidecar_config(stamp, _profile(out, name, family, point, args.slowdown), mode, prune,
-                                              args))
+            path = out / f"sidecar-{name}.toml"
+            path.write_text(sidecar_config(stamp, cascade_profile(out / f"profile-{name}.json", family, point,
+                                                                  args.slowdown), mode, prune, config, args.slo_ms))
             with contextlib.ExitStack() as stack:
-                sidecar = stack.enter_context(SidecarServer(workers=[triton.grpc_url], config=config))
+                sidecar = stack.enter_context(SidecarServer(workers=[triton.grpc_url], config=path))
                 replays.append({"mode": name, **asyncio.run(_replay(sidecar.grpc_url, point.cascade.models,
                                                                     family.names, images, labels, args))})
     _write(out, modes, replays, args)
@@ -154,12 +152,30 @@ def _planners(family, config) -> dict:
     return planners
 
 
-def _sidecar_config(stamp: Path, profile: Path, mode: str, prune: bool, args) -> str:
+def default_slowdown(family: Family) -> float:
+    """The emulated device on which the largest model takes LARGEST_BATCH_MS over a batch of ROWS (a derived factor
+    under 1, on a machine slower than that device, runs the models as they are)."""
+    return max(1.0, LARGEST_BATCH_MS / family.models[-1].latency.p50_at(ROWS))
+
+
+def write_bls(family: Family, plan: dict) -> Path:
+    """The cascade's BLS model, ``plan`` its default, beside the family's models; returns their repository."""
+    from export import repository
+
+    repo = family.folder / "repository"
+    repository.write_cascade(repo, BLS, plan, family.names, max_batch_size=ROWS, instances=BLS_INSTANCES)
+    return repo
+
+
+def sidecar_config(stamp: Path, profile: Path, mode: str, prune: bool, config: HybridServeConfig,
+                   slo_ms: float) -> str:
+    """The sidecar's config: HybridServe's planner deploying ``mode`` of the family ``stamp`` with ``config``, and
+    the cascade (``profile``) the one logical model, MODEL."""
     return (f'[planner]\nkind = "hybridserve"\nfamily = "{stamp.absolute()}"\nmode = "{mode}"\n'
-            f'prune = {str(prune).lower()}\ninstances = {args.instances}\nrounding = "{args.replicas}"\n'
-            f'slowdown = {args.slowdown}\n'
+            f'prune = {str(prune).lower()}\ninstances = {config.instances}\nrounding = "{config.rounding}"\n'
+            f'slowdown = {config.slowdown}\n'
             f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
-            f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n')
+            f'default_slo_us = {round(slo_ms * 1000)}\nlatency_calibration = false\n')
 
 
 def _short(model: str) -> str:
@@ -235,9 +251,9 @@ async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.n
             "energy_mj_per_request": round(energy_mj, 3), "energy_source": source}
 
 
-def _profile(out: Path, name: str, family, point, slowdown: float) -> Path:
-    """The cascade as one variant, for the sidecar's admission and queue: at batch b, the sum over its models of
-    their latency at their share of the batch (escalations run one after another)."""
+def cascade_profile(path: Path, family: Family, point: OperatingPoint, slowdown: float) -> Path:
+    """The cascade as one variant, for the sidecar's admission and queue, written to ``path``: at batch b, the sum
+    over its models of their latency at their share of the batch (escalations run one after another)."""
     from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 
     index = [family.names.index(m) for m in point.cascade.models]
@@ -245,7 +261,6 @@ def _profile(out: Path, name: str, family, point, slowdown: float) -> Path:
     sizes = curves[0].batch_sizes
     ms = tuple(slowdown * sum(c.p50_at(max(1, int(np.ceil(rho * b)))) for c, rho in zip(curves, point.test.reach))
                for b in sizes)
-    path = out / f"profile-{name}.json"
     actuation = (Actuation("pipeline", BLS, path=point.cascade.models) if len(index) > 1
                  else Actuation("model", point.cascade.models[0]))
     Profile(f"cascade-{point.mode}", f"{family.folder} x{slowdown:g}",

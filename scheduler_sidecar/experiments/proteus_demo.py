@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
+
+if TYPE_CHECKING:
+    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
 
 KINDS = {"slow": 100.0, "slower": 300.0}  # emulated device kinds: how many times slower than this machine
 DEVICES = ("slow", "slow", "slower", "slower")
@@ -44,27 +51,17 @@ def register(demos: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import contextlib
-
-    from export.families import build
     from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
 
     out = args.out or Path("runs") / time.strftime("proteus-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    folder = args.build_dir / "proteus-demo"
-    paths = build(folder, KINDS, args.build_dir)
+    repository, paths = families(args.build_dir)
     profiles = {q: Profile.load(p) for q, p in paths.items()}
     for q, p in profiles.items():
         print(f"{q:<7} " + ", ".join(f"{v.id} {100 * v.accuracy:.1f}%" for v in p.variants))
     models = [v.actuation.model for p in profiles.values() for v in p.variants]
     with contextlib.ExitStack() as stack:
-        tritons = [stack.enter_context(TritonServer(repository=folder / "repository", models=models,
-                                                    emulate_slowdown=KINDS[kind])) for kind in DEVICES]
-        config = out / "sidecar.toml"
-        config.write_text(_config(tritons, paths, args))
-        sidecar = stack.enter_context(SidecarServer(workers=[t.grpc_url for t in tritons], config=config))
+        tritons, sidecar = deploy(stack, repository, paths, out, slo_ms=args.slo_ms, period_s=args.period_s)
         print(f"sidecar at {sidecar.grpc_url}; devices " + ", ".join(
             f"{t.grpc_url} ({kind})" for t, kind in zip(tritons, DEVICES)))
         rows = asyncio.run(_drive(sidecar.grpc_url, tritons, profiles, models, args))
@@ -73,27 +70,62 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config(tritons, paths, args) -> str:
+def families(build_dir: Path) -> tuple[Path, dict[str, Path]]:
+    """The three families, built unless up to date: (their Triton repository, query type -> its profile)."""
+    from export.families import build
+
+    folder = build_dir / "proteus-demo"
+    return folder / "repository", build(folder, KINDS, build_dir)
+
+
+def deploy(stack: contextlib.ExitStack, repository: Path, paths: Mapping[str, Path], out: Path, *, slo_ms: float,
+           period_s: float) -> tuple[list[TritonServer], SidecarServer]:
+    """A Triton server per device of DEVICES, each started with every variant, and the sidecar with a Proteus
+    planner in front of them (its config written to ``out/sidecar.toml``), each query type a logical model;
+    they stop with ``stack``."""
+    from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.server.serve import SidecarServer
+
+    models = [v.actuation.model for p in paths.values() for v in Profile.load(p).variants]
+    tritons = [stack.enter_context(TritonServer(repository=repository, models=models, emulate_slowdown=KINDS[kind]))
+               for kind in DEVICES]
+    config = out / "sidecar.toml"
+    config.write_text(_config(tritons, paths, slo_ms, period_s))
+    return tritons, stack.enter_context(SidecarServer(workers=[t.grpc_url for t in tritons], config=config))
+
+
+def samples(query_type: str) -> tuple[np.ndarray, np.ndarray]:
+    """A query type's held-out inputs and their labels: what its clients send."""
+    from export import data
+    from export.families import tabular
+
+    if query_type == "digits":
+        heldout = data.load(16)["heldout"]
+        return heldout.images, heldout.labels
+    _, _, x, y = tabular(query_type)
+    return x, y
+
+
+def _config(tritons, paths, slo_ms: float, period_s: float) -> str:
     devices = "".join(f'"{t.grpc_url}" = "{kind}"\n' for t, kind in zip(tritons, DEVICES))
     models = "".join(f'[[models]]\nname = "{q}"\nprofile = "{p}"\npolicy = "proteus"\n'
-                     f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\n'
+                     f'default_slo_us = {round(slo_ms * 1000)}\nlatency_calibration = false\n'
                      for q, p in paths.items())
-    return f'[worker_devices]\n{devices}[planner]\nkind = "proteus"\nperiod_s = {args.period_s}\n{models}'
+    return f'[worker_devices]\n{devices}[planner]\nkind = "proteus"\nperiod_s = {period_s}\n{models}'
 
 
-def _rate(q: str, t: float, args) -> float:
-    burst = q == "digits" and args.duration_s / 3 <= t < 2 * args.duration_s / 3
-    return args.burst_qps if burst else args.base_qps
+def rate_qps(query_type: str, t_s: float, duration_s: float, base_qps: float, burst_qps: float) -> float:
+    """The demo's load at ``t_s``: every type at ``base_qps``, digits at ``burst_qps`` in the middle third."""
+    burst = query_type == "digits" and duration_s / 3 <= t_s < 2 * duration_s / 3
+    return burst_qps if burst else base_qps
 
 
 async def _drive(url: str, tritons, profiles, models, args) -> list[dict]:
     import tritonclient.grpc.aio as aioclient
     from tritonclient.utils import InferenceServerException
 
-    from export import data
-    from export.families import tabular
-
-    inputs = {"digits": data.load(16)["heldout"].images, "wine": tabular("wine")[2], "cancer": tabular("cancer")[2]}
+    inputs = {q: samples(q)[0] for q in profiles}
     accuracy = {v.id: v.accuracy for p in profiles.values() for v in p.variants}
     stats: dict[tuple[int, str], dict] = defaultdict(lambda: {"sent": 0, "met": 0, "late": 0, "refused": 0,
                                                               "accuracy": 0.0})
@@ -123,7 +155,7 @@ async def _drive(url: str, tritons, profiles, models, args) -> list[dict]:
             begin = time.monotonic()
             t, i = 0.0, 0
             while t < args.duration_s:
-                t += rng.exponential(1 / _rate(q, t, args))
+                t += rng.exponential(1 / rate_qps(q, t, args.duration_s, args.base_qps, args.burst_qps))
                 await asyncio.sleep(max(0.0, begin + t - time.monotonic()))
                 tasks.append(asyncio.ensure_future(one(q, i, int(t // WINDOW_S))))
                 i += 1

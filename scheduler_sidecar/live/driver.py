@@ -446,6 +446,8 @@ class LiveDriver:
             log.exception("planner failed; the current plan stays")
             self._guard(self.engine.plan_failed)
             return
+        # when it was asked for and when it was ready, on this clock: a simulation of the run plans alike (bench fidelity)
+        log.info("plan asked for at %.6f s, ready at %.6f s", now_us / 1e6, self.clock() / 1e6)
         self._guard(self.engine.apply_plan, plan)
 
     def _spawn(self, coro) -> None:

@@ -15,6 +15,7 @@ from importlib import metadata as importlib_metadata
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
+from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
 from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
@@ -69,7 +70,7 @@ class Sidecar:
             inputs, outputs = await self._tensors(profile)
             stats = ModelMetrics(self.metrics, spec.name)
             model = LiveModel(_options(spec), profile, inputs, outputs, stats)
-            pairs.append((model, _policy(spec, profile, spec.policy, spec.policy_options)))
+            pairs.append((model, model_policy(spec, profile)))
             stats.policy(None, spec.policy)
         self.driver = LiveDriver(pairs, on_worker_lost=self.pool.mark_down)
         self.models = dict(self.driver.models)
@@ -264,8 +265,7 @@ class Sidecar:
             raise InvalidRequest(str(exc)) from None
         async with self._admin:
             try:
-                new = await asyncio.get_running_loop().run_in_executor(
-                    None, _policy, spec, model.profile, spec.policy, spec.policy_options)
+                new = await asyncio.get_running_loop().run_in_executor(None, model_policy, spec, model.profile)
             except (TypeError, ValueError, ArithmeticError) as exc:
                 raise InvalidRequest(f"policy {quote(policy)}: {exc}") from None
             assert self.driver is not None
@@ -289,9 +289,10 @@ def _options(spec: ModelSpec) -> ModelOptions:
     return ModelOptions(spec.name, spec.default_slo_us, spec.queue_limit, spec.max_attempts, spec.latency_calibration)
 
 
-def _policy(spec: ModelSpec, profile: Profile, name: str, options: dict):
-    routed = {"query_type": spec.name} if name == "proteus" else {}  # a plan's routes name the logical model
-    return make_policy(name, profile, **{"overhead_us": spec.overhead_us, **routed, **options})
+def model_policy(spec: ModelSpec, profile: Profile) -> Policy:
+    """The policy a logical model is served by (a simulation of the sidecar builds the same)."""
+    routed = {"query_type": spec.name} if spec.policy == "proteus" else {}  # a plan's routes name the logical model
+    return make_policy(spec.policy, profile, **{"overhead_us": spec.overhead_us, **routed, **spec.policy_options})
 
 
 async def _tensors(worker: Worker, triton_model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

@@ -1,12 +1,14 @@
 """Discrete-event simulator: the engine on simulated time, with batch latencies from the world.
 
 NOTE on the model. Events are arrivals (read in order from the trace), batch completions,
-load completions, worker failures and wakeups, processed in time order with ties broken
-deterministically (completions, loads, failures, wakeups, then arrivals; then by sequence
-number). Each event goes to the :class:`~scheduler_sidecar.core.engine.Engine`, which lets the
-policies decide exactly as it does in the live sidecar. A planner runs inline when the engine
-asks for a plan; its wall time is recorded. A failed worker's running batch goes back to the
-queue (retried elsewhere). Every query ends in exactly one record.
+load completions, worker failures, wakeups and plans coming into force, processed in time order
+with ties broken deterministically (completions, loads, failures, wakeups, plans, then arrivals;
+then by sequence number). Each event goes to the :class:`~scheduler_sidecar.core.engine.Engine`,
+which lets the policies decide exactly as it does in the live sidecar. A planner runs inline when
+the engine asks for a plan; its wall time is recorded, and the plan is in force at once or, with
+``plan_delay_us``, as late as that says (a live planner's solve time, measured). A failed
+worker's running batch goes back to the queue (retried elsewhere). Every query ends in exactly
+one record.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from scheduler_sidecar.errors import AccscaleError
 from scheduler_sidecar.sim.results import OUTCOME_CODES, BatchRecord, SimResult
 from scheduler_sidecar.sim.world import BatchLatency, World
 
-_COMPLETION, _LOAD, _FAILURE, _WAKEUP = 0, 1, 2, 3
+_COMPLETION, _LOAD, _FAILURE, _WAKEUP, _PLAN = 0, 1, 2, 3, 4
 
 # what a batch did in the world: (batch, now_us, new query id) -> its result (follow-up queries, ...)
 ResultModel = Callable[[Batch, int, Callable[[], int]], BatchResult]
@@ -54,12 +56,13 @@ class Simulator:
 
     ``policy`` is one policy (a single query type, named ``""``), or query type -> policy for
     several types sharing the world's workers. ``result_model`` says what a batch creates (a
-    pipeline's next stage, a cascade's escalation); by default nothing.
+    pipeline's next stage, a cascade's escalation); by default nothing. ``plan_delay_us`` says how
+    long after it was asked for, at a time, a plan comes into force; by default at once.
     """
 
     def __init__(self, policy: Policy | Mapping[str, Policy], config: SimConfig | World, *,
                  planner: Planner | None = None, result_model: ResultModel | None = None,
-                 max_attempts: int = 1 << 30) -> None:
+                 max_attempts: int = 1 << 30, plan_delay_us: Callable[[int], int] | None = None) -> None:
         policies = {"": policy} if isinstance(policy, Policy) else dict(policy)
         if not policies:
             raise ValueError("a simulation needs at least one policy")
@@ -71,10 +74,13 @@ class Simulator:
         self.types = [QueryType(name, p, max_attempts=max_attempts) for name, p in policies.items()]
         self.planner = planner
         self.result_model = result_model
+        self.plan_delay_us = plan_delay_us
         self.latency = BatchLatency(self.world, [p.profile for p in policies.values()])
 
     def run(self, arrival_us: Sequence[int] | np.ndarray, deadline_us: Sequence[int] | np.ndarray,
-            query_types: Sequence[str] | None = None) -> SimResult:
+            query_types: Sequence[str] | None = None, *, start_us: int = 0) -> SimResult:
+        """``start_us``: the clock's reading when the run starts, and the planner with it (a live run's, to align
+        the planner's periods and whole seconds with it); the arrivals come no earlier."""
         started = time.perf_counter()
         arrival = np.asarray(arrival_us, dtype=np.int64)
         deadline = np.asarray(deadline_us, dtype=np.int64)
@@ -83,7 +89,9 @@ class Simulator:
         n = len(arrival)
         if query_types is not None and len(query_types) != n:
             raise ValueError("query_types must name one type per arrival")
-        run = _Run(self, n)
+        if n and arrival[0] < start_us:
+            raise ValueError(f"the first arrival ({arrival[0]} us) is before the start ({start_us} us)")
+        run = _Run(self, n, start_us)
         engine = run.engine
         if self.planner is not None:
             engine.start_planning()
@@ -106,6 +114,8 @@ class Simulator:
                     victim = next((w for w in engine.workers if w.healthy), None)
                     if victim is not None:
                         engine.set_health(victim.id, False)
+                elif kind == _PLAN:
+                    engine.apply_plan(payload)
                 elif next_arrival < n or run.work or engine.queued():
                     engine.wakeup()
                 else:  # only wakeups left (a planner's period): the trace is over
@@ -128,9 +138,9 @@ class Simulator:
 class _Run:
     """One run's state: the event heap, the engine and its executor, and the per-query outcome arrays."""
 
-    def __init__(self, sim: Simulator, n: int) -> None:
+    def __init__(self, sim: Simulator, n: int, start_us: int) -> None:
         self.sim, self.n = sim, n
-        self.now = 0
+        self.now = start_us
         self.events: list[tuple[int, int, int, object]] = []
         self.work = 0  # events in the heap other than wakeups
         self._seq = itertools.count(1)
@@ -197,4 +207,8 @@ class _Run:
         started = time.perf_counter()
         plan = planner.plan(now_us, demand)
         self.solve_s.append(time.perf_counter() - started)
-        self.engine.apply_plan(plan)
+        delay_us = self.sim.plan_delay_us(now_us) if self.sim.plan_delay_us is not None else 0
+        if delay_us > 0:
+            self._push(now_us + delay_us, _PLAN, plan)
+        else:
+            self.engine.apply_plan(plan)

@@ -3,8 +3,9 @@ how long a batch and a model load take, and when workers fail.
 
 A batch takes the profiled p50 of (variant, batch size) on the worker's device kind, divided by
 the worker's speed, or, with ``latency_noise="tail"``, a lognormal sample whose median is that
-p50 and whose 99th percentile is the p99. A batch between profiled sizes is padded to the next
-profiled size, as a batching server runs it.
+p50 and whose 99th percentile is the p99; plus ``batch_overhead_ms``, what serving adds to the
+model's own time where the profile leaves it out (a live deployment's RPC and server, measured).
+A batch between profiled sizes is padded to the next profiled size, as a batching server runs it.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ class World:
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
     # model load time, per Triton model or for all; None: the profiles' measured load times, 0 where none is known
     load_ms: Mapping[str, float] | float | None = None
+    batch_overhead_ms: float = 0.0  # added to every batch's latency
 
     def __post_init__(self) -> None:
         if not self.workers:
             raise ValueError("a simulation needs at least one worker")
         if any(not w.speed > 0 for w in self.workers):
             raise ValueError("worker speeds must be positive")
+        if not self.batch_overhead_ms >= 0:
+            raise ValueError(f"batch_overhead_ms must be >= 0, got {self.batch_overhead_ms}")
 
     @classmethod
     def uniform(cls, workers: int, device: str = "cpu", **options) -> World:
@@ -91,4 +95,4 @@ class BatchLatency:
             p50 /= worker.speed
         if self.world.latency_noise == "tail":
             p50 *= math.exp(sigma * self.rng.standard_normal())
-        return max(1, round(p50))
+        return max(1, round(p50 + self.world.batch_overhead_ms * 1000))

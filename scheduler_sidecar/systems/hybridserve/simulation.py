@@ -2,10 +2,10 @@
 escalation is a follow-up query on the next model's queue, so a plan's replica counts meet queueing before they
 are deployed.
 
-Each request stands for one sample of an evaluation split (drawn uniformly); a model's batch routes each of its
-samples by the sample's cached confidence (:func:`python_backend.cascade.route`, as the BLS model does). Every
-model's workers batch by the head's slack (the largest profiled batch that fits, Clipper+'s rule) and drop what
-can no longer make its deadline.
+Each request stands for one sample of an evaluation split (drawn uniformly, or the ones given, as a live replay
+sends them); a model's batch routes each of its samples by the sample's cached confidence
+(:func:`python_backend.cascade.route`, as the BLS model does). Every model's workers batch by the head's slack (the
+largest profiled batch that fits, Clipper+'s rule) and drop what can no longer make its deadline.
 
 SLO-aware forwarding (an extension; the paper has no SLO): where the time left cannot pay for the next model at
 batch 1, the request is answered by the model it is at, and counted as such.
@@ -33,12 +33,15 @@ class CascadeRun:
     requests: int
     violation_ratio: float  # late or dropped
     accuracy: float  # over answered requests
+    met_accuracy: float  # over requests answered within their SLO
     reach: tuple[float, ...]  # share of requests that ran on each model
     answered: tuple[float, ...]  # share each model answered
     answered_early: float  # share answered because the next model could not finish in time
     worker_s_per_request: float  # busy worker-seconds over requests
     mean_wait_ms: tuple[float, ...]  # per model: queueing before a batch starts
     mean_service_ms: tuple[float, ...]  # per model: its batches' duration
+    mean_batch: tuple[float, ...]  # per model: requests per batch
+    latency_ms: tuple[float, float]  # p50 and p99 of answered requests, arrival to answer
 
 
 class Escalation:
@@ -81,17 +84,22 @@ class Escalation:
 
 
 def simulate(family: Family, cascade: Cascade, replicas: Sequence[int], preds: Predictions, arrival_us: np.ndarray,
-             slo_ms: float, *, slowdown: float = 1.0, seed: int = 0, slo_aware: bool = True) -> CascadeRun:
+             slo_ms: float, *, slowdown: float = 1.0, seed: int = 0, slo_aware: bool = True,
+             sample: np.ndarray | None = None) -> CascadeRun:
     """Run ``cascade`` with ``replicas[i]`` workers holding its i-th model over requests arriving at ``arrival_us``;
-    ``preds`` holds the cascade's models' predictions (rows in cascade order) on the split requests are drawn from;
-    every model's latency is its profile's times ``slowdown``."""
+    ``preds`` holds the cascade's models' predictions (rows in cascade order) on the split requests are drawn from
+    (``sample``: each request's sample; default: drawn uniformly); every model's latency is its profile's times
+    ``slowdown``."""
     if len(replicas) != len(cascade.models) or min(replicas) < 1:
         raise ValueError("every model of the cascade needs at least one replica")
     workers = tuple(SimWorker(DEVICE, resident=frozenset({m})) for m, r in zip(cascade.models, replicas)
                     for _ in range(r))
     policies = {m: ClipperPlus(family.profile(m, slowdown), device=DEVICE) for m in cascade.models}
     n = len(arrival_us)
-    sample = np.random.default_rng(seed).integers(0, len(preds.truth), n)
+    if sample is None:
+        sample = np.random.default_rng(seed).integers(0, len(preds.truth), n)
+    elif len(sample) != n or not ((0 <= sample) & (sample < len(preds.truth))).all():
+        raise ValueError(f"sample must name one of the split's {len(preds.truth)} samples per request")
     first_us = [policies[m].latency.us(m, 1, DEVICE) for m in cascade.models]
     escalation = Escalation(cascade, preds, sample, first_us, slo_aware=slo_aware)
     result = Simulator(policies, World(workers, seed=seed), result_model=escalation).run(
@@ -104,14 +112,21 @@ def _summarise(esc: Escalation, result, preds: Predictions, sample: np.ndarray) 
     outcome = {i: int(code) for i, code in enumerate(result.outcome)}
     outcome.update((r.query_id, OUTCOME_CODES[r.outcome]) for r in result.follow_ups)
     met = np.array([outcome[esc.last.get(r, r)] == OUTCOME_CODES[Outcome.MET] for r in range(n)])
+    finish = dict(enumerate(result.finish_us.tolist()))
+    finish.update((r.query_id, r.finish_us) for r in result.follow_ups)
     models = len(esc.cascade.models)
     answered_by = np.array([esc.by.get(r, (-1, False))[0] for r in range(n)])
     early = np.array([esc.by.get(r, (-1, False))[1] for r in range(n)])
     done = answered_by >= 0
-    correct = preds.labels[answered_by[done], sample[done]] == preds.truth[sample[done]]
+    correct = np.zeros(n, dtype=bool)
+    correct[done] = preds.labels[answered_by[done], sample[done]] == preds.truth[sample[done]]
+    latency_ms = np.array([finish[esc.last.get(r, r)] - result.arrival_us[r] for r in np.flatnonzero(done)]) / 1000
     return CascadeRun(
-        n, float(1 - met.mean()) if n else 0.0, float(correct.mean()) if done.any() else 0.0,
+        n, float(1 - met.mean()) if n else 0.0, float(correct[done].mean()) if done.any() else 0.0,
+        float(correct[met].mean()) if met.any() else 0.0,
         tuple(float(s / n) for s in esc.served), tuple(float((answered_by == i).mean()) for i in range(models)),
         float(early.mean()), float(esc.busy_us.sum() / 1e6 / n) if n else 0.0,
         tuple(float(w / max(s, 1) / 1000) for w, s in zip(esc.wait_us, esc.served)),
-        tuple(float(b / max(k, 1) / 1000) for b, k in zip(esc.busy_us, esc.batches)))
+        tuple(float(b / max(k, 1) / 1000) for b, k in zip(esc.busy_us, esc.batches)),
+        tuple(float(s / max(k, 1)) for s, k in zip(esc.served, esc.batches)),
+        tuple(float(np.percentile(latency_ms, q)) if len(latency_ms) else 0.0 for q in (50, 99)))

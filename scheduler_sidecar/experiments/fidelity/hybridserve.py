@@ -1,0 +1,162 @@
+"""``accscale bench fidelity --system hybridserve``: HybridServe live against HybridServe simulated.
+
+The HybridServe demo's family and cascade BLS (:mod:`scheduler_sidecar.experiments.hybridserve_demo`) on one Triton whose models run its emulated
+slowdown, the sidecar with ``[planner] kind = "hybridserve"`` (``--mode``, ``--instances``, ``--rounding``, ``--no-
+prune``), and a gamma trace (CV² 4) at ``--rate-qps`` whose payload indices are samples of the family's test split.
+Simulated by :mod:`~scheduler_sidecar.systems.hybridserve. simulation` with the same cascade, replicas, slowdown and
+SLO, on the same samples. Attainment: the sidecar's /metrics, the client's request log, the simulated requests met.
+Accuracy is what the answers were worth: the share of met requests answered right, live from the request log (the
+answer's LABEL against the sample's label) over the requests the sidecar met (its queue and service time within the
+SLO) or the client did, and simulated from the answering model's cached prediction over the requests met. Inherent
+to the live system, and reported measured: a BLS instance holds its batch through every model and answers all of its
+requests once the last model ran, where the simulator answers each request when its model does (``latency_ms``, p50
+and p99 of both); a BLS batch costs more than its models' waits and runs (the Python backend's calls between the BLS
+and the models, on cores its instances share with everything else: the BLS's mean batch time against its models',
+``per_model_live``), and the instances, each busy for its batch's whole cascade, cap the throughput where the
+simulator's per-model queues do not; and Triton merges the instances' calls to a model as they queue, where the
+simulator batches each model's queue by its slack (Clipper+) and drops what can no longer make it (each model's mean
+batch, wait and batch time on both sides, live from Triton's statistics over the replay). On this 2-core machine the
+sidecar shares its cores with them too: ``client_delay_ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from export.cascade_models import build
+from loadtest.loadtest_cli import Replay, replay
+from loadtest.requestlog import RequestLog
+from loadtest.traces import Trace, gamma, with_payloads, with_slo
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.experiments import hybridserve_demo as demo
+from scheduler_sidecar.live.triton_launcher import TritonServer
+from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.systems.hybridserve.family import Family
+from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
+from scheduler_sidecar.systems.hybridserve.simulation import simulate
+
+if TYPE_CHECKING:
+    from loadtest.requestlog import RequestLog
+    from loadtest.traces import Trace
+    from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.experiments.fidelity.common import (
+    Progress,
+    client_delay_ms,
+    gaps,
+    payloads,
+    sidecar_view,
+)
+
+INSTANCES = 16  # --instances' default: the model instances the replicas share
+RELOADED = re.compile(r"(\S+) runs (\d+) instance\(s\) on \S+ \(reloaded in (\d+) ms\)")
+
+PLAN_WAIT_S = 300.0  # how long the cascade's instance counts may take to be in place
+
+def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
+    """See the module notes."""
+    stamp = build(args.build_dir / "hybridserve")
+    family = Family.load(stamp)
+    config = HybridServeConfig(args.instances or INSTANCES, args.rounding, demo.default_slowdown(family))
+    progress(f"searching {args.mode}'s cascade (Algorithm 1{', 2' if args.prune else ''})")
+    # the sidecar's planner makes the same search from the same options
+    planner = HybridServePlanner.from_family(stamp, args.mode, demo.BLS, config, prune=args.prune)
+    cascade = planner.point.cascade
+    images, labels = family.images("test")
+    trace, sample = _cascade_trace(args, tmp / "trace.txt", len(labels))
+    profile = demo.cascade_profile(tmp / "profile.json", family, planner.point, config.slowdown)
+    # the Triton model the sidecar calls (the BLS, or the largest model alone), then the cascade's
+    served = tuple(dict.fromkeys((Profile.load(profile).variants[0].actuation.model, *cascade.models)))
+    sidecar_config = tmp / "sidecar.toml"
+    sidecar_config.write_text(demo.sidecar_config(stamp, profile, args.mode, args.prune, config, args.slo_ms))
+    with TritonServer(repository=demo.write_bls(family, planner.bls_plan), models=[*family.names, demo.BLS],
+                      emulate_slowdown=config.slowdown) as triton, \
+            SidecarServer(workers=[triton.grpc_url], config=sidecar_config) as sidecar:
+        reloads = _logged(sidecar, RELOADED, len(planner.instances))  # the plan's instance counts are in place
+        progress(f"replaying {len(sample)} requests through the sidecar and the {' -> '.join(cascade.models)} cascade")
+        before = _triton_stats(triton.grpc_url, served)
+        client = replay([Replay(demo.MODEL, tmp / "trace.txt", payloads(tmp / "payloads.npz", images, labels))],
+                        sidecar.grpc_url, tmp / "run", slo_ms=args.slo_ms, progress_s=0 if args.json else 5.0)
+        after = _triton_stats(triton.grpc_url, served)
+        server = sidecar_view(sidecar.http_url)
+        (tmp / "sidecar.log").write_text(sidecar.log_path.read_text())
+    log = RequestLog.load(tmp / "run" / "requests.csv")
+    answers = _sidecar_answers(log)
+    server["measured_accuracy"] = answers["measured_accuracy"]
+    index = [family.names.index(m) for m in cascade.models]
+    replicas = [planner.replicas[m] for m in cascade.models]
+    arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
+    sim = simulate(family, cascade, replicas, family.predictions("test").subset(index), arrival_us, args.slo_ms,
+                   slowdown=config.slowdown, sample=sample)
+    return gaps({
+        "system": "hybridserve", "queries": len(sample), "live_client": client["summary"], "live_sidecar": server,
+        "simulated": {"slo_attainment": 1 - sim.violation_ratio, "measured_accuracy": sim.met_accuracy,
+                      "answered": dict(zip(cascade.models, sim.answered)), "answered_early": sim.answered_early},
+        "deployment": {"mode": args.mode, "prune": args.prune, "models": list(cascade.models),
+                       "thresholds": list(cascade.thresholds), "skip": cascade.skip, "replicas": planner.instances,
+                       "bls_instances": demo.BLS_INSTANCES, "slowdown": round(config.slowdown, 1),
+                       "slo_ms": args.slo_ms, "rate_qps": round(trace.mean_rate_qps, 1),
+                       "reload_ms_live": {m: int(ms) for m, _, ms in reloads}},
+        "differences": {
+            "client_delay_ms": client_delay_ms([log]),
+            "latency_ms_live": answers["latency_ms"], "latency_ms_simulated": [round(x, 1) for x in sim.latency_ms],
+            "sidecar_batch_live": server["mean_batch"],
+            "per_model_live": {m: _per_model(before[m], after[m]) for m in served},
+            "per_model_simulated": {m: {"mean_batch": round(b, 2), "mean_wait_ms": round(w, 1),
+                                        "mean_service_ms": round(t, 1)}
+                                    for m, b, w, t in zip(cascade.models, sim.mean_batch, sim.mean_wait_ms,
+                                                          sim.mean_service_ms)}},
+    }, accuracy="measured_accuracy")
+
+def _cascade_trace(args: argparse.Namespace, path: Path, samples: int) -> tuple[Trace, np.ndarray]:
+    """The trace replayed (``--trace``, or gamma at ``--rate-qps``, CV² 4), every request with ``--slo-ms`` and a
+    test sample (its payload index, drawn where it has none), saved to ``path``; and each request's sample, as
+    the replay resolves it."""
+    trace = Trace.load(args.trace) if args.trace else gamma(args.rate_qps, 4.0, args.duration_s, seed=0)
+    if (trace.payload_index < 0).all():
+        trace = with_payloads(trace, samples, seed=1)
+    trace = with_slo(trace, args.slo_ms)  # the simulation gives every request one SLO
+    trace.save(path)
+    return trace, np.where(trace.payload_index >= 0, trace.payload_index, np.arange(len(trace))) % samples
+
+def _logged(sidecar: SidecarServer, pattern: re.Pattern, count: int) -> list[tuple[str, ...]]:
+    """Wait until the sidecar has logged ``count`` lines matching ``pattern``; their groups."""
+    deadline = time.monotonic() + PLAN_WAIT_S
+    while len(found := pattern.findall(sidecar.log_path.read_text())) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the sidecar logged {len(found)} of {count} lines like {pattern.pattern!r} in "
+                               f"{PLAN_WAIT_S:g} s; last lines:\n{sidecar.log_tail()}")
+        time.sleep(0.2)
+    return found
+
+def _triton_stats(url: str, models: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Each model's Triton statistics so far: requests, batches, the requests' time queued and the batches' time
+    running, in ns."""
+    with grpcclient.InferenceServerClient(url) as client:
+        stats = client.get_inference_statistics(as_json=True)["model_stats"]
+    return {s["name"]: np.array([int(s.get("inference_count", 0)), int(s.get("execution_count", 0)),
+                                 int(s["inference_stats"].get("queue", {}).get("ns", 0)),
+                                 sum(int(b.get("compute_infer", {}).get("ns", 0)) for b in s.get("batch_stats", []))])
+            for s in stats if s["name"] in models}
+
+def _per_model(before: np.ndarray, after: np.ndarray) -> dict[str, float]:
+    """A model's mean batch, a request's mean wait in its queue and a batch's mean time, between two statistics."""
+    requests, batches, queue_ns, compute_ns = after - before
+    return {"mean_batch": round(requests / max(1, batches), 2),
+            "mean_wait_ms": round(queue_ns / max(1, requests) / 1e6, 1),
+            "mean_service_ms": round(compute_ns / max(1, batches) / 1e6, 1)}
+
+def _sidecar_answers(log: RequestLog) -> dict:
+    """In the sidecar's view (each answer's queue and service time): the share of the requests it met answered
+    right, and the p50 and p99 latency of those answered."""
+    latency = log.column("queue_ms") + log.column("service_ms")  # NaN for errors
+    met = latency <= log.column("slo_ms")
+    answered = latency[np.isfinite(latency)]
+    return {"measured_accuracy": float(log.column("correct")[met].mean()) if met.any() else 0.0,
+            "latency_ms": [round(float(np.percentile(answered, q)), 1) for q in (50, 99)] if len(answered) else []}

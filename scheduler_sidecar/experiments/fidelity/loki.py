@@ -1,0 +1,75 @@
+"""``accscale bench fidelity --system loki``: Loki live against Loki simulated.
+
+The Loki demo's pipeline (``--recipe small``, cached under ``--build-dir``) as a BLS model on an emulated device
+behind the sidecar with Loki's controller over ``--instances`` replicas; simulated as Loki's per-task policies and
+controller over as many workers, its load times the ones measured live. Scored per frame: met when every crop was
+served and the sidecar answered within the SLO (the client's own delays left out: the sidecar's queue and service
+time), with the frame's accuracy the mean of its detections' measured path accuracy (the detector's where it found
+nothing), over met frames; the simulator's frames alike (its fan-out is the measured mean objects per frame, drawn
+per frame).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.traces import Trace
+from scheduler_sidecar.experiments import loki_demo
+from scheduler_sidecar.experiments.fidelity.common import LOADED, Progress, default_trace, gaps
+from scheduler_sidecar.live.triton_launcher import TritonServer
+from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.systems.loki import systems
+from scheduler_sidecar.systems.loki.data import trained
+from scheduler_sidecar.systems.loki.planner import LokiConfig
+
+INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling has room
+
+
+def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
+    folder = args.build_dir / "loki-demo-small"
+    progress(f"building (or reusing) the Loki pipeline in {folder}")
+    instances = args.instances or INSTANCES
+    stamp, profile, models, slowdown = loki_demo.deploy(folder, args.slo_ms, None, instances, "small")
+    pipeline = trained(stamp).scaled(slowdown)
+    trace = Trace.load(default_trace(args, tmp, base_qps=5.0, variant_qps=10.0))
+    demo = argparse.Namespace(instances=instances, slowdown=slowdown, period_s=5.0, headroom=1.0,
+                              slo_ms=args.slo_ms)
+    config = tmp / "sidecar.toml"
+    config.write_text(loki_demo.sidecar_config(stamp, profile, demo))
+    with TritonServer(repository=folder / "repository", models=[loki_demo.BLS], emulate_slowdown=slowdown) as triton, \
+            SidecarServer(workers=[triton.grpc_url], config=config) as sidecar:
+        progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, SLO {args.slo_ms:g} ms")
+        frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))
+        load_ms = [float(ms) for _, _, ms in LOADED.findall(sidecar.log_path.read_text())]
+    slo_us = round(args.slo_ms * 1000)
+
+    def accuracy(answer: dict) -> float:
+        paths = [(answer["detector"], o["model"]) for o in answer["objects"]]
+        return float(np.mean([pipeline.accuracy(p) for p in paths])) if paths else \
+            pipeline.variant(answer["detector"]).accuracy
+
+    def view(met: list[bool]) -> dict:
+        served = [accuracy(f.answer) for f, m in zip(frames, met) if m]
+        return {"queries": len(frames), "slo_attainment": float(np.mean(met)) if met else 0.0,
+                "mean_serving_accuracy": float(np.mean(served)) if served else 0.0}
+
+    served = [f.answer is not None and f.answer["status"] == "served" for f in frames]
+    live_sidecar = view([ok and f.sidecar_us <= slo_us for ok, f in zip(served, frames)])
+    live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
+    arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
+    setup = systems.Setup(pipeline, workers=instances, config=LokiConfig(period_s=5.0, min_demand_qps=1.0),
+                          load_ms=float(np.mean(load_ms)) if load_ms else None)
+    run_ = systems.simulate(systems.SYSTEMS["loki"], setup, arrival_us, initial_demand_qps=0.0)
+    met = run_.frames.met
+    simulated = {"slo_attainment": float(met.mean()),
+                 "mean_serving_accuracy": float(np.nanmean(run_.frames.accuracy[met])) if met.any() else 0.0,
+                 "met": int(met.sum()), "dropped": int(run_.frames.dropped.sum())}
+    return gaps({"system": "loki", "queries": len(frames), "instances": instances, "slowdown": slowdown,
+                 "load_ms": load_ms, "live_client": live_client, "live_sidecar": live_sidecar,
+                 "live_outcomes": {"refused": sum(f.answer is None for f in frames),
+                                   "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},
+                 "simulated": simulated, "simulated_plans": [p.step for p in run_.plans]})

@@ -1,0 +1,82 @@
+"""``accscale bench fidelity`` on the supernet built here (SuperServe's policies and RAMSIS'):
+
+- ``superserve``: the supernet built here (``accscale profile``), SlackFit (``--policy`` picks another of its
+  policies); accuracy: the mean profiled accuracy of the variants that served the requests met.
+- ``ramsis``: the same supernet, its Pareto subnets as RAMSIS' models, MDP policies generated for this SLO, the
+  worker count and two loads around the trace's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loadtest.loadtest_cli import loadtest
+from loadtest.traces import Trace
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.experiments.simulate import load_queries
+from scheduler_sidecar.live.triton_launcher import TritonServer
+from scheduler_sidecar.server.config import ModelSpec
+from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.server.service import model_policy
+from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.systems.ramsis.generate import generate_set
+from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
+from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, from_profile
+from scheduler_sidecar.systems.ramsis.policy import SLACK_STEPS
+
+if TYPE_CHECKING:
+    pass
+from scheduler_sidecar.experiments.fidelity.common import (
+    Progress,
+    default_trace,
+    gaps,
+    sidecar_view,
+    sim_view,
+)
+
+MODEL = "digits"  # the logical model clients call (superserve, ramsis)
+
+def _single_model(args: argparse.Namespace, tmp: Path, progress: Progress, policy: str, options: dict) -> dict:
+    """One logical model on the supernet: live with ``policy`` and ``options`` in the sidecar's config, and
+    simulated with the same policy object's options."""
+    profile = Profile.load(args.profile)
+    trace_path = default_trace(args, tmp)
+    trace = Trace.load(trace_path)
+    spec = ModelSpec(MODEL, args.profile, policy, options, default_slo_us=round(args.slo_ms * 1000))
+    config = tmp / "sidecar.toml"
+    config.write_text(f'[[models]]\nname = "{MODEL}"\nprofile = "{args.profile}"\npolicy = "{policy}"\n'
+                      f"default_slo_us = {spec.default_slo_us}\n[models.policy_options]\n"
+                      + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items()))
+    models = sorted({v.actuation.model for v in profile.variants})
+    with contextlib.ExitStack() as stack:
+        tritons = [stack.enter_context(TritonServer(repository=args.repository, models=models))
+                   for _ in range(args.workers)]
+        sidecar = stack.enter_context(SidecarServer(workers=[t.grpc_url for t in tritons], config=config))
+        progress(f"replaying {len(trace)} queries ({trace.mean_rate_qps:.0f} q/s) through the sidecar ({policy})")
+        client = loadtest(trace_path, sidecar.grpc_url, tmp / "run", model=MODEL, slo_ms=args.slo_ms,
+                          progress_s=0 if args.json else 5.0)["summary"]
+        server = sidecar_view(sidecar.http_url)
+    arrival_us, deadline_us = load_queries(trace_path, args.slo_ms)
+    sim = Simulator(model_policy(spec, profile), SimConfig(workers=args.workers)).run(arrival_us, deadline_us)
+    return gaps({"system": args.system, "policy": policy, "queries": len(trace), "workers": args.workers,
+                 "live_client": client, "live_sidecar": server, "simulated": sim_view(sim.summary())})
+
+def superserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
+    return _single_model(args, tmp, progress, args.policy, {})
+
+def ramsis(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
+    """RAMSIS' offline phase for this deployment: MDP policies for K = the worker slots and the trace's SLO, at
+    loads around the trace's mean rate; then the same policy set live and simulated."""
+    profile = Profile.load(args.profile)
+    rate = Trace.load(default_trace(args, tmp)).mean_rate_qps
+    policy_dir = tmp / "ramsis"
+    progress(f"generating RAMSIS' policies for {args.workers} worker(s), SLO {args.slo_ms:g} ms")
+    largest = profile.variants[0].latency[profile.device_kinds[0]].batch_sizes[-1]
+    table = from_profile(profile, profile.device_kinds[0], "p99_ms", max(MAX_QUEUE, largest)).pareto()
+    spec = MdpSpec(args.slo_ms, args.workers, 1.0, SLACK_STEPS, min(MAX_QUEUE, largest))  # as Ramsis builds it
+    generate_set(table, spec, [round(rate / 2, 1), round(rate, 1), round(2 * rate, 1)], policy_dir, refine=False)
+    return _single_model(args, tmp, progress, "ramsis", {"policy_dir": str(policy_dir)})
