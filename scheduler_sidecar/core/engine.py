@@ -337,6 +337,8 @@ class Engine:
                 if not decision.is_empty:
                     self._apply(qt, decision, now)
                     progress = self._free > 0
+                    if not progress:
+                        break
 
     def _by_head_deadline(self) -> list[QueryType]:
         if len(self._type_list) == 1:
@@ -550,6 +552,7 @@ class Engine:
         old, queued = qt.policy, list(qt.queue.scan())
         qt.use(policy)
         self._quickest.pop(query_type, None)
+        self._views.pop(query_type, None)  # its models are the new profile's
         now = self.clock()
         if self.plan is not None:
             policy.observe_plan(now, self.plan)

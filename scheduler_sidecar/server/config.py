@@ -16,7 +16,8 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
     [worker_devices]          # device kind per worker (a kind its profiles have); default: the profile's first
     "127.0.0.1:8001" = "cpu"
 
-    [planner]                 # a periodic planner places variants on workers (each worker: one device, one slot)
+    [planner]                 # a periodic planner places variants on workers (proteus: each worker one device, one
+                              # slot; loki, hybridserve: a BLS model whose instances are the worker's slots)
     kind = "proteus"          # its other keys are ProteusConfig's (period_s, burst_factor, headroom, ...)
     period_s = 30.0           # (kinds "loki" and "hybridserve": see PlannerSpec)
 

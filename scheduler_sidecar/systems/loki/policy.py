@@ -126,12 +126,12 @@ class Router:
         return int(ids[int(self._rng.choice(len(ids), p=weights / weights.sum()))]) if len(ids) > 1 else ids[0]
 
     def next_hop(self, task: str, now_us: int, overrun_us: int, routed: Replica | None,
-                 wait_ms: Callable[[int], float]) -> tuple[Choice, int | None]:
+                 wait_ms: Callable[[int], float], healthy: set[int]) -> tuple[Choice, int | None]:
         """The shared rule for a child of a query that overran its budget by ``overrun_us`` (see the module notes);
-        ``wait_ms(worker)``: the work queued there."""
+        ``wait_ms(worker)``: the work queued there; backups are the ``healthy`` ones."""
         routing = self.routing
-        backups = () if routing is None else \
-            ((w, routing.replicas[w].batch_ms + wait_ms(w)) for w, _ in routing.backups.get(task, ()))
+        backups = () if routing is None else ((w, routing.replicas[w].batch_ms + wait_ms(w))
+                                              for w, _ in routing.backups.get(task, ()) if w in healthy)
         second = now_us // 1_000_000
         return next_hop(self.drop.value, overrun_us / 1000, routed.batch_ms if routed is not None else None, backups,
                         lambda w: self._allowance.take(w, second))
@@ -181,26 +181,37 @@ class LokiTask(Policy):
             self._siblings[r.variant] = (*self._siblings.get(r.variant, ()), r.worker_id)
 
     def keeps(self, worker: WorkerState) -> bool:
-        return worker.healthy and worker.id in self._mine
+        """A worker of the plan's for this task that is up and holds, or is getting, one of its variants."""
+        return worker.healthy and worker.id in self._mine and self._serves(worker)
+
+    def _serves(self, worker: WorkerState) -> bool:
+        return any(worker.holds(v) for v in self.variants) or \
+            worker.staging_model in self.variants or worker.loading_model in self.variants
 
     def route(self, now_us: int, query: Query, queue: QueueView, workers: Sequence[WorkerState]) -> int | Drop | None:
         hop = self.router.hops.get(query.parent) if query.parent is not None else None
         target = self.router.target(hop.worker_id if hop is not None else FRONTEND, self.task.name)
-        busy = {w.id for w in workers if not w.is_free}
+        busy, healthy = self._states(workers)
         if hop is not None:
             choice, backup = self.router.next_hop(self.task.name, now_us, now_us - hop.reached_us - hop.budget_us,
-                                                  self._replica(target), lambda w: self._wait_ms(w, queue, busy))
+                                                  self._replica(target), lambda w: self._wait_ms(w, queue, busy),
+                                                  healthy)
             if choice is Choice.DROPPED:
                 return DROP
             if choice is Choice.REROUTED:
                 self.router.rerouted += 1
                 target = backup
-        return self._least_queued(target, queue, busy)
+        return self._least_queued(target, queue, busy, healthy)
 
     def reroute(self, now_us: int, query: Query, queue: QueueView, workers: Sequence[WorkerState]) -> int | None:
         """A query whose worker left the plan or failed, or came before any plan: the task's tables again."""
         target = self.router.target(FRONTEND if query.stage == 0 else None, self.task.name)
-        return self._least_queued(target, queue, {w.id for w in workers if not w.is_free})
+        return self._least_queued(target, queue, *self._states(workers))
+
+    def _states(self, workers: Sequence[WorkerState]) -> tuple[set[int], set[int]]:
+        """(the workers running a batch or loading, the plan's workers of this task that can serve it)."""
+        busy = {w.id for w in workers if not w.is_free}
+        return busy, {w.id for w in workers if self.keeps(w)}
 
     def _wait_ms(self, worker_id: int, queue: QueueView, busy: set[int]) -> float:
         """How long a query joining the worker's queue waits: the batches ahead of it, and the running one."""
@@ -213,14 +224,21 @@ class LokiTask(Policy):
         routing = self.router.routing
         return routing.replicas.get(worker_id) if routing is not None and worker_id is not None else None
 
-    def _least_queued(self, worker_id: int | None, queue: QueueView, busy: set[int]) -> int | None:
+    def _least_queued(self, worker_id: int | None, queue: QueueView, busy: set[int], healthy: set[int]) -> int | None:
         """The replica of ``worker_id``'s variant with the least work queued (the sampled one on a tie): the table
-        decides the variant, and replicas of one variant are interchangeable."""
+        decides the variant, and replicas of one variant are interchangeable. Decision: with none of them
+        ``healthy`` (lost), the task's healthy worker with the least work queued (its variant may differ: served
+        less accurately rather than waiting for the next plan); with none at all, held (None) until one is."""
+        def work(w: int) -> tuple[int, bool]:
+            return len(queue.at(w)) + (w in busy), w != worker_id
+
         replica = self._replica(worker_id)
-        if not self.balance or replica is None:
-            return worker_id
-        siblings = self._siblings.get(replica.variant, ())
-        return min(siblings, key=lambda w: (len(queue.at(w)) + (w in busy), w != worker_id), default=worker_id)
+        if replica is not None and (self.balance or worker_id not in healthy):
+            siblings = [w for w in self._siblings.get(replica.variant, ()) if w in healthy]
+            if not siblings or not self.balance:
+                siblings = sorted(healthy)
+            return min(siblings, key=work, default=None)
+        return worker_id if worker_id is None or worker_id in healthy else min(sorted(healthy), key=work, default=None)
 
     # ------------------------------------------------------------------ batching
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:

@@ -7,7 +7,7 @@
 - ``policy_file``: the ``.npz`` policy format and its online lookup.
 - ``baselines``: ModelSwitching's and Jellyfish+'s static choice per load.
 - ``load_curve``: the Twitter load curve the paper replays.
-- ``online``: the load monitor, the round-robin worker queues and the per-load pick.
+- ``online``: the load monitor, the round-robin balancer and the per-load pick.
 - ``policy``: the registered online policies ``ramsis``, ``jellyfish`` and ``modelswitching``.
 - ``reproduce``: ``accscale reproduce ramsis`` (Fig. 5 in simulation).
 - ``cli``, ``bench``: ``accscale ramsis ...`` and ``accscale bench ramsis``.

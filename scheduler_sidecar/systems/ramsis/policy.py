@@ -14,7 +14,7 @@ queues: every free worker eagerly takes up to the adaptive-batching maximum of q
 from the central EDF queue and runs the one model its method chose for the current load
 (the same 500 ms monitor, the lowest grid load at or above it). The per-load choices come
 from ``baselines.py`` beside this module and are computed in the constructor. The driver-free
-parts (load monitor, worker queues) are in ``online.py``.
+parts (load monitor, round-robin balancer) are in ``online.py``.
 
 # Ambiguity (digest A6): a worker queue longer than N_w. Chosen: the policy's full-state
 # action (the fastest model) on the N_w earliest queries, the rest stay queued; batches never
@@ -72,7 +72,7 @@ def _loads(loads: Sequence[float] | str | None) -> list[float] | None:
 
 
 class Ramsis(Policy):
-    """RAMSIS: round-robin worker queues, per-worker MDP policy lookup (see the module note).
+    """RAMSIS: arrivals round-robin to worker queues (the engine's), an MDP lookup per worker (see the module note).
 
     Options: ``policy_dir`` (a set from ``accscale ramsis generate``; it fixes K and the SLO,
     and ``workers``/``slo_ms``, if given, must match), or ``slo_ms``, ``workers`` and ``loads``
@@ -144,7 +144,7 @@ class Ramsis(Policy):
         dispatches, dropped = [], []
         for w in workers:
             mine = queue.at(w.id)
-            if not mine or not w.healthy or w.busy_until_us is not None:
+            if not mine or not w.is_free:
                 continue
             late = 0
             if self.late_queries is LateQueries.DROP:
