@@ -70,7 +70,7 @@ from python_backend.pipeline import MAX_OBJECTS, crops, decode
 
 PLAN_FILE = "plan.json"
 KIND_TASK = {0: "digits", 1: "shapes"}
-MAX_ALLOWANCES = 2  # the plan in force and the one it replaces, while a plan change reaches every request
+MAX_ALLOWANCES = 4  # the plans a sidecar may still send while its Tritons load the newest (its MAX_PLANS)
 
 
 @dataclass

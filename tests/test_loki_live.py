@@ -106,7 +106,7 @@ def test_the_policy_sends_each_triton_the_newest_plan_it_has_loaded_and_each_fra
 @pytest.mark.triton
 def test_the_loki_demo_answers_every_frame_and_releases_instances_after_the_burst(tmp_path):
     """A burst beyond one detector instance's capacity (about 80 frames/s here) makes hardware scaling add one, and
-    the quiet window after it runs fewer instances than the burst, by the plans and on Triton."""
+    the quiet window after it runs fewer instances than the burst by the plans (Triton, no more than then)."""
     out = tmp_path / "out"
     assert main(["demo", "loki", "--duration-s", "15", "--base-qps", "8", "--burst-qps", "120", "--recipe", "small",
                  "--build-dir", str(tmp_path / "build"), "--out", str(out)]) == 0
@@ -125,7 +125,6 @@ def test_the_loki_demo_answers_every_frame_and_releases_instances_after_the_burs
     assert int(after[-1]["instances"]) < max(int(r["instances"]) for r in burst)
     assert int(after[-1]["loaded"]) <= max(int(r["loaded"]) for r in burst)
     assert all(r["detectors"] for r in rows if int(r["met"]))
-    assert "released in the quiet period" in (out / "summary.md").read_text()
 
 
 @pytest.mark.slow

@@ -126,14 +126,14 @@ def test_a_hybridserve_cascade_behind_the_sidecar_is_planned_and_batched_alike(h
     BLS slots of one server's emulated device, a gamma trace at 1.5x their capacity: the same queries met and
     dropped."""
     from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.experiments.hybridserve_demo import _profile
+    from scheduler_sidecar.experiments.hybridserve_demo import cascade_profile
     from scheduler_sidecar.systems.hybridserve.live import CascadeModel, HybridServeConfig, HybridServePlanner
     from scheduler_sidecar.systems.hybridserve.planner import pruned_point
     from scheduler_sidecar.systems.hybridserve.pruning import prune
 
     family, slowdown = hybridserve_family, 300.0
     point = pruned_point(family, prune(family.predictions("search"), family.costs, "ap"), "ap")
-    profile = Profile.load(_profile(tmp_path, "ap", family, point, slowdown))
+    profile = Profile.load(cascade_profile(tmp_path / "profile-ap.json", family, point, slowdown))
     config = HybridServeConfig(instances=8, slowdown=slowdown, period_s=1.0)
     world = World.uniform(4, "cpu")
     batch_us = round(profile.variants[0].latency["cpu"].p50_at(32) * 1000)

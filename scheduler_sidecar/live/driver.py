@@ -185,6 +185,7 @@ class LiveDriver:
         self._ratios: dict[tuple[str, str], collections.deque[float]] = {}  # (type, device) -> measured/profiled
         # Triton model -> last measured load time (the profile's measured one until then)
         self._load_us = {m: round(ms * 1000) for _, p in pairs for m, ms in p.profile.load_ms().items()}
+        self._loads: dict[tuple[str, str], asyncio.Future] = {}  # (Triton, model) -> its load in progress
         self._timers: set[asyncio.TimerHandle] = set()
         self._tasks: set[asyncio.Task] = set()
 
@@ -383,17 +384,26 @@ class LiveDriver:
         return self._load_us.get(model, DEFAULT_LOAD_US)
 
     async def _load(self, slot_id: int, model: str) -> None:
-        start = self.clock()
+        """Load ``model`` for a slot; the slots of one Triton (a BLS model's instances) share one load of it."""
+        worker = self.slots[slot_id].worker
+        shared = self._loads.get((worker.url, model))
+        if shared is None:
+            shared = self._loads[worker.url, model] = asyncio.ensure_future(self._load_once(worker, model))
+            shared.add_done_callback(lambda _: self._loads.pop((worker.url, model), None))
         try:
-            await self.slots[slot_id].worker.load(model)
+            await asyncio.shield(shared)
         except WorkerError as exc:
             log.warning("loading %s on %s failed: %s", model, self.slots[slot_id].label, exc)
             self._guard(self.engine.load_done, slot_id, model, False)
             return
+        self._guard(self.engine.load_done, slot_id, model, True)
+
+    async def _load_once(self, worker: Worker, model: str) -> None:
+        start = self.clock()
+        await worker.load(model)
         self._load_us[model] = self.clock() - start
         # what a simulation of this deployment takes as its actuation delay (reproduce proteus --load-ms)
-        log.info("loaded %s on %s in %.0f ms", model, self.slots[slot_id].label, self._load_us[model] / 1000)
-        self._guard(self.engine.load_done, slot_id, model, True)
+        log.info("loaded %s on %s in %.0f ms", model, worker.url, self._load_us[model] / 1000)
 
     def unload(self, worker: WorkerState, model: str) -> None:
         slot = self.slots[worker.id]
@@ -415,11 +425,11 @@ class LiveDriver:
     async def _scale(self, slot: _Slot, model: str, instances: int) -> None:
         start = self.clock()
         try:
-            await slot.worker.set_instances(model, instances)
+            done = await slot.worker.set_instances(model, instances)
         except WorkerError as exc:
             log.warning("setting %s to %d instances on %s failed: %s", model, instances, slot.label, exc)
             return
-        log.info("%s runs %d instance(s) on %s (reloaded in %.0f ms)", model, instances, slot.label,
+        log.info("%s runs %d instance(s) on %s (%s in %.0f ms)", model, instances, slot.label, done,
                  (self.clock() - start) / 1000)
 
     def wake_at(self, time_us: int) -> None:

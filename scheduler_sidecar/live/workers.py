@@ -13,7 +13,7 @@ import enum
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -33,6 +33,9 @@ CHANNEL_OPTIONS = [
 # worker errors that mean the worker is gone (its batch is retried elsewhere); others are relayed
 LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
 MODEL_CONTROL_TIMEOUT_S = 120.0  # a model load may compile or read large weights
+# what set_instances did: reloaded the model with the count, found it already so, or recorded the count for the
+# model's next load (it is not loaded)
+Scaled = Literal["reloaded", "unchanged", "deferred"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class Worker(Protocol):
 
     async def unload(self, model: str) -> None: ...
 
-    async def set_instances(self, model: str, instances: int) -> None: ...
+    async def set_instances(self, model: str, instances: int) -> Scaled: ...
 
     async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
         """Whether the server and every named model are ready (with none named: whether the server is live)."""
@@ -150,7 +153,7 @@ class TritonWorker:
     async def unload(self, model: str) -> None:
         await self._control(self.stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name=model))
 
-    async def set_instances(self, model: str, instances: int) -> None:
+    async def set_instances(self, model: str, instances: int) -> Scaled:
         """Reload ``model`` with its config's instance count set to ``instances`` (Triton serves the old
         instances until the new ones are ready); a model that is not loaded gets the count when it is."""
         from google.protobuf import json_format
@@ -160,17 +163,18 @@ class TritonWorker:
             config = (await self.stub.ModelConfig(pb.ModelConfigRequest(name=model), timeout=10)).config
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.NOT_FOUND:
-                return
+                return "deferred"
             raise _worker_error(self.url, exc) from exc
         groups = config.instance_group or [config.instance_group.add()]
         count = max(1, instances // len(groups))
         if all(group.count == count for group in groups):
-            return  # already so (a model just loaded with its repository's count): no reload
+            return "unchanged"  # already so (a model just loaded with its repository's count): no reload
         for group in groups:
             group.count = count
         request = pb.RepositoryModelLoadRequest(model_name=model)
         request.parameters["config"].string_param = json_format.MessageToJson(config)
         await self._control(self.stub.RepositoryModelLoad, request)
+        return "reloaded"
 
     async def _control(self, rpc, request) -> None:
         try:
@@ -292,8 +296,9 @@ class FakeWorker:
     async def unload(self, model: str) -> None:
         self.control.append(("unload", model))
 
-    async def set_instances(self, model: str, instances: int) -> None:
+    async def set_instances(self, model: str, instances: int) -> Scaled:
         self.control.append(("instances", f"{model}={instances}"))
+        return "reloaded"
 
     async def ready(self, models: Iterable[str], timeout_s: float) -> Health:
         return self.health

@@ -3,8 +3,8 @@ cascade): the BLS does the stages inside Triton, the sidecar holds the queue."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
-from typing import ClassVar
 
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
@@ -15,11 +15,8 @@ from scheduler_sidecar.errors import ConfigError
 
 class BlsPolicy(Policy):
     """Each free Triton holding the BLS model gets the queue's head batch, earliest deadline first, of at most
-    ``max_batch`` requests (and at most the profile's largest batch), with :meth:`batch_params`: by default
-    ``self.params`` and the time the first request has left, in milliseconds, as the request parameter
-    ``time_left_param``."""
-
-    time_left_param: ClassVar[str]
+    ``max_batch`` requests (and at most the profile's largest batch), with the request parameters
+    :meth:`batch_params` gives (the plan, time budgets: the system's own)."""
 
     def __init__(self, profile: Profile, *, max_batch: int, **options) -> None:
         super().__init__(profile, **options)
@@ -27,7 +24,6 @@ class BlsPolicy(Policy):
             raise ConfigError(f"{self.name}: max_batch must be a whole number >= 1, got {max_batch!r}")
         self.variant = profile.variants[-1]
         self.max_batch = min(max_batch, self.variant.latency[self.device].batch_sizes[-1])
-        self.params: tuple[tuple[str, object], ...] = ()
 
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
         if not queue:
@@ -46,6 +42,6 @@ class BlsPolicy(Policy):
         """Whether ``worker`` may run a batch: it holds the BLS model."""
         return worker.holds(self.variant.actuation.model)
 
+    @abc.abstractmethod
     def batch_params(self, now_us: int, batch: Sequence[Query], worker: WorkerState) -> tuple[tuple[str, object], ...]:
         """The request parameters ``batch`` goes to ``worker`` with."""
-        return (*self.params, (self.time_left_param, self.slack_us(now_us, batch[0]) / 1000))

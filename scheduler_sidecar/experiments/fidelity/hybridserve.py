@@ -55,7 +55,8 @@ from scheduler_sidecar.experiments.fidelity.common import (
 )
 
 INSTANCES = 16  # --instances' default: the model instances the replicas share
-RELOADED = re.compile(r"(\S+) runs (\d+) instance\(s\) on \S+ \(reloaded in (\d+) ms\)")
+# the driver's line for a model's instance count set (reloaded, unchanged, or deferred to its next load)
+RELOADED = re.compile(r"(\S+) runs (\d+) instance\(s\) on \S+ \((\w+) in (\d+) ms\)")
 
 PLAN_WAIT_S = 300.0  # how long the cascade's instance counts may take to be in place
 
@@ -102,7 +103,7 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
                        "thresholds": list(cascade.thresholds), "skip": cascade.skip, "replicas": planner.instances,
                        "bls_instances": demo.BLS_INSTANCES, "slowdown": round(config.slowdown, 1),
                        "slo_ms": args.slo_ms, "rate_qps": round(trace.mean_rate_qps, 1),
-                       "reload_ms_live": {m: int(ms) for m, _, ms in reloads}},
+                       "reload_ms_live": {m: int(ms) for m, _, done, ms in reloads if done == "reloaded"}},
         "differences": {
             "client_delay_ms": client_delay_ms([log]),
             "latency_ms_live": answers["latency_ms"], "latency_ms_simulated": [round(x, 1) for x in sim.latency_ms],

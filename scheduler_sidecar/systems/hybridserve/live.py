@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.core.records import WorkerState
+from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.systems.bls import BlsPolicy
 from scheduler_sidecar.systems.hybridserve import placement, pruning
@@ -155,14 +155,15 @@ class HybridServePlanner(Planner):
 class CascadeModel(BlsPolicy):
     """The sidecar's policy for a cascade. Options: ``max_batch`` (requests per call to the BLS, default 32) and
     ``plan`` (a JSON plan file sent with every batch; default: the BLS's deployed plan). Under a
-    :class:`HybridServePlanner`, each plan's cascade is sent instead."""
+    :class:`HybridServePlanner`, each plan's cascade is sent instead. A batch also carries the time its first
+    request has left, in milliseconds, as ``budget_ms``."""
 
     name = "cascade"
     file_options = frozenset({"plan"})
-    time_left_param = "budget_ms"
 
     def __init__(self, profile: Profile, *, max_batch: int = 32, plan: str | None = None, **options) -> None:
         super().__init__(profile, max_batch=max_batch, **options)
+        self.params: tuple[tuple[str, object], ...] = ()  # the plan sent with every batch
         if plan is not None:
             try:
                 self.params = (("cascade_plan", json.dumps(json.loads(Path(plan).read_text()))),)
@@ -172,3 +173,6 @@ class CascadeModel(BlsPolicy):
     def observe_plan(self, now_us: int, plan: Plan) -> None:
         if isinstance(plan.detail, CascadePlan):
             self.params = (("cascade_plan", json.dumps(plan.detail.bls)),)
+
+    def batch_params(self, now_us: int, batch: Sequence[Query], worker: WorkerState) -> tuple[tuple[str, object], ...]:
+        return (*self.params, ("budget_ms", self.slack_us(now_us, batch[0]) / 1000))

@@ -102,6 +102,11 @@ class LivePlanner(LokiPlanner):
         return Plan(now_us, placement, replace(detail, bls=bls), bls["instances"])
 
 
+# plans kept for workers that have not loaded the newest one's variants yet (a load takes a second or two; a
+# plan comes every period): a worker with none of them loaded waits for the newest
+MAX_PLANS = 4
+
+
 class LokiPipeline(BlsPolicy):
     """The sidecar's policy for a Loki pipeline model. Options: ``max_batch`` (frames per request to the BLS,
     default 8)."""
@@ -117,6 +122,7 @@ class LokiPipeline(BlsPolicy):
     def observe_plan(self, now_us: int, plan: Plan) -> None:
         if isinstance(plan.detail, LokiPlan) and plan.detail.bls is not None:
             self.plans.insert(0, (frozenset(plan.detail.bls["instances"]), json.dumps(plan.detail.bls)))
+            del self.plans[MAX_PLANS:]  # decide() prunes only while frames are queued: an idle sidecar keeps few
 
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
         loaded = [all(w.holds(m) for w in workers if w.healthy for m in models) for models, _ in self.plans]
