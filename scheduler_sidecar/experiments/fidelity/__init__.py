@@ -31,6 +31,7 @@ SYSTEMS = {"superserve": "supernet", "ramsis": "supernet", "proteus": "proteus",
 
 SLO_MS = {"superserve": 30.0, "ramsis": 30.0, "proteus": 100.0, "loki": 200.0, "hybridserve": 4000.0}  # defaults
 
+
 def register_bench(kinds: argparse._SubParsersAction) -> None:
     f = kinds.add_parser("fidelity", help="each system live (sidecar + Triton) against the simulator, one trace",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,6 +69,7 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                                             "log (default: a temporary folder)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=run)
+
 
 def run(args: argparse.Namespace) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print

@@ -25,6 +25,7 @@ Progress = Callable[[str], None]
 
 LOADED = re.compile(r"loaded (\S+) on (\S+) in (\d+) ms")
 
+
 def gaps(result: dict, accuracy: str = "mean_serving_accuracy") -> dict:
     """``result`` with the attainment and ``accuracy`` gaps, in points, of each live view against the simulated
     one."""
@@ -34,6 +35,7 @@ def gaps(result: dict, accuracy: str = "mean_serving_accuracy") -> dict:
     for what, key in (("attainment", "slo_attainment"), ("accuracy", accuracy)):
         result[f"{what}_gap_pts"] = {side: round(100 * (result[f"live_{side}"][key] - sim[key]), 2) for side in sides}
     return result
+
 
 def sidecar_view(http_url: str) -> dict:
     """SLO attainment and mean serving accuracy as the sidecar counted them (its /metrics), over all its models and
@@ -62,8 +64,10 @@ def sidecar_view(http_url: str) -> dict:
 
     return {**view(sorted(outcomes)), "by_model": {m: view([m]) for m in sorted(outcomes)}}
 
+
 def sim_view(summary: Mapping) -> dict:
     return {k: summary[k] for k in ("slo_attainment", "mean_serving_accuracy", "met", "late", "dropped", "rejected")}
+
 
 def default_trace(args: argparse.Namespace, tmp: Path, base_qps: float = 150.0, variant_qps: float = 250.0) -> Path:
     """``--trace``, or a bursty one (a steady ``base_qps`` and ``variant_qps`` at CV² 4) ``--duration-s`` long."""
@@ -77,6 +81,7 @@ def default_trace(args: argparse.Namespace, tmp: Path, base_qps: float = 150.0, 
 def payloads(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
     np.savez(path, images=images, labels=labels)
     return path
+
 
 def client_delay_ms(logs: list[RequestLog]) -> list[float]:
     """p50 and p99 of what the client's view adds to the sidecar's for the requests answered: the replay's send

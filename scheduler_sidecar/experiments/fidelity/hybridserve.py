@@ -60,6 +60,7 @@ RELOADED = re.compile(r"(\S+) runs (\d+) instance\(s\) on \S+ \((\w+) in (\d+) m
 
 PLAN_WAIT_S = 300.0  # how long the cascade's instance counts may take to be in place
 
+
 def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     """See the module notes."""
     stamp = build(args.build_dir / "hybridserve")
@@ -115,6 +116,7 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
                                                           sim.mean_service_ms)}},
     }, accuracy="measured_accuracy")
 
+
 def _cascade_trace(args: argparse.Namespace, path: Path, samples: int) -> tuple[Trace, np.ndarray]:
     """The trace replayed (``--trace``, or gamma at ``--rate-qps``, CV² 4), every request with ``--slo-ms`` and a
     test sample (its payload index, drawn where it has none), saved to ``path``; and each request's sample, as
@@ -126,6 +128,7 @@ def _cascade_trace(args: argparse.Namespace, path: Path, samples: int) -> tuple[
     trace.save(path)
     return trace, np.where(trace.payload_index >= 0, trace.payload_index, np.arange(len(trace))) % samples
 
+
 def _logged(sidecar: SidecarServer, pattern: re.Pattern, count: int) -> list[tuple[str, ...]]:
     """Wait until the sidecar has logged ``count`` lines matching ``pattern``; their groups."""
     deadline = time.monotonic() + PLAN_WAIT_S
@@ -135,6 +138,7 @@ def _logged(sidecar: SidecarServer, pattern: re.Pattern, count: int) -> list[tup
                                f"{PLAN_WAIT_S:g} s; last lines:\n{sidecar.log_tail()}")
         time.sleep(0.2)
     return found
+
 
 def _triton_stats(url: str, models: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Each model's Triton statistics so far: requests, batches, the requests' time queued and the batches' time
@@ -146,12 +150,14 @@ def _triton_stats(url: str, models: tuple[str, ...]) -> dict[str, np.ndarray]:
                                  sum(int(b.get("compute_infer", {}).get("ns", 0)) for b in s.get("batch_stats", []))])
             for s in stats if s["name"] in models}
 
+
 def _per_model(before: np.ndarray, after: np.ndarray) -> dict[str, float]:
     """A model's mean batch, a request's mean wait in its queue and a batch's mean time, between two statistics."""
     requests, batches, queue_ns, compute_ns = after - before
     return {"mean_batch": round(requests / max(1, batches), 2),
             "mean_wait_ms": round(queue_ns / max(1, requests) / 1e6, 1),
             "mean_service_ms": round(compute_ns / max(1, batches) / 1e6, 1)}
+
 
 def _sidecar_answers(log: RequestLog) -> dict:
     """In the sidecar's view (each answer's queue and service time): the share of the requests it met answered

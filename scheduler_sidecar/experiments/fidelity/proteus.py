@@ -70,6 +70,7 @@ PLANNED = re.compile(r"plan asked for at ([\d.]+) s, ready at ([\d.]+) s")
 
 PLAN_MATCH_S = 0.1  # a simulated plan asked for this close to a live one is the same plan
 
+
 def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     """See the module notes."""
     repository, paths = demo.families(args.build_dir)
@@ -103,6 +104,7 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
         "differences": {"client_delay_ms": client_delay_ms(list(logs.values()))},
     })
 
+
 @dataclass(frozen=True)
 class Measured:
     """What the live run measured that the simulated world takes over."""
@@ -118,6 +120,7 @@ class Measured:
         """What a batch takes, from its dispatch to its answer, beyond its profiled latency."""
         return self.service_overhead_ms + self.turnaround_ms
 
+
 @dataclass(frozen=True)
 class _Batch:
     """A batch a worker ran live, as the request log shows it (times in ms from the replay's start)."""
@@ -127,6 +130,7 @@ class _Batch:
     service_ms: float
     start_ms: float  # its requests' send time plus their queueing (the median: the send times are the client's)
     first_sent_ms: float
+
 
 def _measured(log: str, replay_start_s: float, logs: list[RequestLog], profiles: Mapping[str, Profile],
               devices: Mapping[str, str]) -> Measured:
@@ -159,6 +163,7 @@ def _measured(log: str, replay_start_s: float, logs: list[RequestLog], profiles:
     return Measured(plans, replay_start_s, loads, load_ms, max(0.0, float(np.mean(service))) if service else 0.0,
                     max(0.0, float(np.median(gaps))) if gaps else 0.0)
 
+
 def _batches(logs: list[RequestLog]) -> list[_Batch]:
     """The batches the answered requests were served in, by worker and start; a batch's requests share its worker,
     variant, size and service time."""
@@ -172,12 +177,14 @@ def _batches(logs: list[RequestLog]) -> list[_Batch]:
                for key, times in requests.items()]
     return sorted(batches, key=lambda b: (b.worker, b.start_ms))
 
+
 def _demo_trace(query_type: str, args: argparse.Namespace, path: Path, seed: int) -> Path:
     """The Proteus demo's load of one query type, its rate in each third of the trace, Poisson within each."""
     thirds = np.array([rate_qps(query_type, (k + 0.5) * args.duration_s / 3, args.duration_s, args.base_qps,
                                 args.burst_qps) for k in range(3)])
     compress(thirds, 1.0, args.duration_s, float(thirds.mean()), seed=seed).save(path)
     return path
+
 
 def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], logs: Mapping[str, RequestLog],
                       measured: Measured) -> tuple[SimResult, np.ndarray, dict]:
@@ -220,6 +227,7 @@ def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], lo
     plans = {"live": len(asked), "simulated": planner.plans, "simulated_when_live": sum(matched),
              "live_solve_ms": [round(1000 * d) for d in delays]}
     return result, names[order], plans
+
 
 def _scores(result: SimResult, mask: np.ndarray) -> dict:
     """SLO attainment and mean serving accuracy of the simulated queries ``mask`` selects."""

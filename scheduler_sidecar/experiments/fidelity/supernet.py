@@ -40,6 +40,7 @@ from scheduler_sidecar.experiments.fidelity.common import (
 
 MODEL = "digits"  # the logical model clients call (superserve, ramsis)
 
+
 def _single_model(args: argparse.Namespace, tmp: Path, progress: Progress, policy: str, options: dict) -> dict:
     """One logical model on the supernet: live with ``policy`` and ``options`` in the sidecar's config, and
     simulated with the same policy object's options."""
@@ -65,8 +66,10 @@ def _single_model(args: argparse.Namespace, tmp: Path, progress: Progress, polic
     return gaps({"system": args.system, "policy": policy, "queries": len(trace), "workers": args.workers,
                  "live_client": client, "live_sidecar": server, "simulated": sim_view(sim.summary())})
 
+
 def superserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     return _single_model(args, tmp, progress, args.policy, {})
+
 
 def ramsis(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     """RAMSIS' offline phase for this deployment: MDP policies for K = the worker slots and the trace's SLO, at
