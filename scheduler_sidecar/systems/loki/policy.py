@@ -185,7 +185,7 @@ class LokiTask(Policy):
         return worker.healthy and worker.id in self._mine and self._serves(worker)
 
     def _serves(self, worker: WorkerState) -> bool:
-        return any(worker.holds(v) for v in self.variants) or \
+        return worker.resident is None or not self.variants.isdisjoint(worker.resident) or \
             worker.staging_model in self.variants or worker.loading_model in self.variants
 
     def route(self, now_us: int, query: Query, queue: QueueView, workers: Sequence[WorkerState]) -> int | Drop | None:
