@@ -53,7 +53,13 @@ def write_payloads(path: Path, image_size: int) -> None:
     from export import data
 
     heldout = data.load(image_size)["heldout"]
-    np.savez(path, images=heldout.images, labels=heldout.labels)
+    save_payloads(path, heldout.images, heldout.labels)
+
+
+def save_payloads(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
+    """A replay's payload file: the samples a trace's payload indices name, and their labels."""
+    np.savez(path, images=images, labels=labels)
+    return path
 
 
 def loadtest(trace: Path, target: str, out: Path, *, name: str | None = None, model: str = "digits",

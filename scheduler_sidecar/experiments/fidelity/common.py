@@ -78,11 +78,6 @@ def default_trace(args: argparse.Namespace, tmp: Path, base_qps: float = 150.0, 
     return path
 
 
-def payloads(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
-    np.savez(path, images=images, labels=labels)
-    return path
-
-
 def client_delay_ms(logs: list[RequestLog]) -> list[float]:
     """p50 and p99 of what the client's view adds to the sidecar's for the requests answered: the replay's send
     lag and both ways over gRPC (a request is the client's from its scheduled arrival)."""

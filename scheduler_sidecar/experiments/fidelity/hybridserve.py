@@ -31,7 +31,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from export.cascade_models import build
-from loadtest.loadtest_cli import Replay, replay
+from loadtest.loadtest_cli import Replay, replay, save_payloads
 from loadtest.requestlog import RequestLog
 from loadtest.traces import Trace, gamma, with_payloads, with_slo
 from scheduler_sidecar.core.profile import Profile
@@ -50,7 +50,6 @@ from scheduler_sidecar.experiments.fidelity.common import (
     Progress,
     client_delay_ms,
     gaps,
-    payloads,
     sidecar_view,
 )
 
@@ -83,7 +82,7 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
         reloads = _logged(sidecar, RELOADED, len(planner.instances))  # the plan's instance counts are in place
         progress(f"replaying {len(sample)} requests through the sidecar and the {' -> '.join(cascade.models)} cascade")
         before = _triton_stats(triton.grpc_url, served)
-        client = replay([Replay(demo.MODEL, tmp / "trace.txt", payloads(tmp / "payloads.npz", images, labels))],
+        client = replay([Replay(demo.MODEL, tmp / "trace.txt", save_payloads(tmp / "payloads.npz", images, labels))],
                         sidecar.grpc_url, tmp / "run", slo_ms=args.slo_ms, progress_s=0 if args.json else 5.0)
         after = _triton_stats(triton.grpc_url, served)
         server = sidecar_view(sidecar.http_url)

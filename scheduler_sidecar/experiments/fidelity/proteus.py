@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loadtest.loadtest_cli import Replay, replay
+from loadtest.loadtest_cli import Replay, replay, save_payloads
 from loadtest.requestlog import RequestLog
 from loadtest.traces import compress
 from scheduler_sidecar.core.profile import Profile
@@ -60,7 +60,6 @@ from scheduler_sidecar.experiments.fidelity.common import (
     Progress,
     client_delay_ms,
     gaps,
-    payloads,
     sidecar_view,
     sim_view,
 )
@@ -75,7 +74,7 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     """See the module notes."""
     repository, paths = demo.families(args.build_dir)
     traces = {q: _demo_trace(q, args, tmp / f"trace-{q}.txt", seed) for seed, q in enumerate(paths)}
-    replays = [Replay(q, traces[q], payloads(tmp / f"payloads-{q}.npz", *demo.samples(q))) for q in paths]
+    replays = [Replay(q, traces[q], save_payloads(tmp / f"payloads-{q}.npz", *demo.samples(q))) for q in paths]
     with contextlib.ExitStack() as stack:
         tritons, sidecar = demo.deploy(stack, repository, paths, tmp, slo_ms=args.slo_ms, period_s=args.period_s)
         progress(f"replaying {', '.join(paths)} through the sidecar, the Proteus planner and {len(tritons)} Tritons")
