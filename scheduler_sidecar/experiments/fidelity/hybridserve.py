@@ -1,22 +1,22 @@
 """``accscale bench fidelity --system hybridserve``: HybridServe live against HybridServe simulated.
 
-The HybridServe demo's family and cascade BLS (:mod:`scheduler_sidecar.experiments.hybridserve_demo`) on one Triton whose models run its emulated
-slowdown, the sidecar with ``[planner] kind = "hybridserve"`` (``--mode``, ``--instances``, ``--rounding``, ``--no-
-prune``), and a gamma trace (CV² 4) at ``--rate-qps`` whose payload indices are samples of the family's test split.
-Simulated by :mod:`~scheduler_sidecar.systems.hybridserve. simulation` with the same cascade, replicas, slowdown and
-SLO, on the same samples. Attainment: the sidecar's /metrics, the client's request log, the simulated requests met.
-Accuracy is what the answers were worth: the share of met requests answered right, live from the request log (the
-answer's LABEL against the sample's label) over the requests the sidecar met (its queue and service time within the
-SLO) or the client did, and simulated from the answering model's cached prediction over the requests met. Inherent
-to the live system, and reported measured: a BLS instance holds its batch through every model and answers all of its
-requests once the last model ran, where the simulator answers each request when its model does (``latency_ms``, p50
-and p99 of both); a BLS batch costs more than its models' waits and runs (the Python backend's calls between the BLS
-and the models, on cores its instances share with everything else: the BLS's mean batch time against its models',
-``per_model_live``), and the instances, each busy for its batch's whole cascade, cap the throughput where the
-simulator's per-model queues do not; and Triton merges the instances' calls to a model as they queue, where the
-simulator batches each model's queue by its slack (Clipper+) and drops what can no longer make it (each model's mean
-batch, wait and batch time on both sides, live from Triton's statistics over the replay). On this 2-core machine the
-sidecar shares its cores with them too: ``client_delay_ms``.
+The HybridServe demo's family and cascade BLS (:mod:`scheduler_sidecar.experiments.hybridserve_demo`) on one Triton
+whose models run its emulated slowdown, the sidecar with ``[planner] kind = "hybridserve"`` (``--mode``,
+``--instances``, ``--rounding``, ``--no- prune``), and a gamma trace (CV² 4) at ``--rate-qps`` whose payload indices
+are samples of the family's test split. Simulated by :mod:`~scheduler_sidecar.systems.hybridserve. simulation` with
+the same cascade, replicas, slowdown and SLO, on the same samples. Attainment: the sidecar's /metrics, the client's
+request log, the simulated requests met. Accuracy is what the answers were worth: the share of met requests answered
+right, live from the request log (the answer's LABEL against the sample's label) over the requests the sidecar met
+(its queue and service time within the SLO) or the client did, and simulated from the answering model's cached
+prediction over the requests met. Inherent to the live system, and reported measured: a BLS instance holds its batch
+through every model and answers all of its requests once the last model ran, where the simulator answers each
+request when its model does (``latency_ms``, p50 and p99 of both); a BLS batch costs more than its models' waits and
+runs (the Python backend's calls between the BLS and the models, on cores its instances share with everything else:
+the BLS's mean batch time against its models', ``per_model_live``), and the instances, each busy for its batch's
+whole cascade, cap the throughput where the simulator's per-model queues do not; and Triton merges the instances'
+calls to a model as they queue, where the simulator batches each model's queue by its slack (Clipper+) and drops
+what can no longer make it (each model's mean batch, wait and batch time on both sides, live from Triton's
+statistics over the replay). On this 2-core machine the sidecar shares its cores with them too: ``client_delay_ms``.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     config.write_text(loki_demo.sidecar_config(stamp, profile, demo))
     with TritonServer(repository=folder / "repository", models=[loki_demo.BLS], emulate_slowdown=slowdown) as triton, \
             SidecarServer(workers=[triton.grpc_url], config=config) as sidecar:
-        progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, SLO {args.slo_ms:g} ms")
+        progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, "
+                 f"SLO {args.slo_ms:g} ms")
         frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))
         load_ms = [float(ms) for _, _, ms in LOADED.findall(sidecar.log_path.read_text())]
     slo_us = round(args.slo_ms * 1000)

@@ -1,26 +1,27 @@
 """``accscale bench fidelity --system proteus``: Proteus live against Proteus simulated.
 
-The Proteus demo's deployment (:mod:`scheduler_sidecar.experiments.proteus_demo`): its three families, one Triton per device of its two emulated
-kinds, the sidecar with the Proteus planner, a logical model per query type. Each type has its own trace (the demo's
-load: ``--base-qps`` each, digits at ``--burst-qps`` in the middle third), replayed together as one schedule.
-Simulated: the same planner (ProteusPlanner with the sidecar config's ProteusConfig and no initial demand, as the
-sidecar builds it), the same policies (built from the same config), the same device kinds, every worker holding
-every variant at the start (as each Triton starts), and what the live run measured, from the sidecar's log and the
-request logs: its clock (the simulation's is the sidecar's monotonic one less whole seconds, so that it starts when
-the first plan was asked for, each query arrives when the replay sent it, and periods and the planner's one-second
-counts fall as they did live); each plan's solve time (a plan asked for when the sidecar asked for one comes into
-force as late); each model's load time (its mean 'loaded MODEL on WORKER in N ms', the mean of all for a model only
-the simulation loads); and what a batch takes beyond its profiled p50, added to every simulated batch: the RPC and
-Triton's own time (service time over p50 on the worker's kind, mean over batches) and the sidecar's turnaround
-between one batch's answer and the next batch's start on a worker (the median gap before full batches that were
-already queued). Scored over every query: live from the sidecar's /metrics summed over the models, simulated from
-the SimResult; accuracy as superserve's. Not simulated: the sidecar's warm-up (a request per worker and model after
-the first plan, seconds before the replay, counted in the planner's demand) and the spread of the per-batch overhead
-(a constant in the simulation). The planner decides on a burst at a second's first arrival, from whole-second counts
-against a threshold and at most once per 2 s cooldown, so a count one query apart or a cooldown passed by a few ms
-(the sidecar takes a query in a few ms after it was sent) can move a plan by a second, and the two runs part from
-there: ``plans`` says how many of the simulated plans were asked for when the sidecar asked for one. The client's
-view adds the replay's send lag and gRPC both ways (``client_delay_ms``, p50 and p99).
+The Proteus demo's deployment (:mod:`scheduler_sidecar.experiments.proteus_demo`): its three families, one Triton
+per device of its two emulated kinds, the sidecar with the Proteus planner, a logical model per query type. Each
+type has its own trace (the demo's load: ``--base-qps`` each, digits at ``--burst-qps`` in the middle third),
+replayed together as one schedule. Simulated: the same planner (ProteusPlanner with the sidecar config's
+ProteusConfig and no initial demand, as the sidecar builds it), the same policies (built from the same config), the
+same device kinds, every worker holding every variant at the start (as each Triton starts), and what the live run
+measured, from the sidecar's log and the request logs: its clock (the simulation's is the sidecar's monotonic one
+less whole seconds, so that it starts when the first plan was asked for, each query arrives when the replay sent it,
+and periods and the planner's one-second counts fall as they did live); each plan's solve time (a plan asked for
+when the sidecar asked for one comes into force as late); each model's load time (its mean 'loaded MODEL on WORKER
+in N ms', the mean of all for a model only the simulation loads); and what a batch takes beyond its profiled p50,
+added to every simulated batch: the RPC and Triton's own time (service time over p50 on the worker's kind, mean over
+batches) and the sidecar's turnaround between one batch's answer and the next batch's start on a worker (the median
+gap before full batches that were already queued). Scored over every query: live from the sidecar's /metrics summed
+over the models, simulated from the SimResult; accuracy as superserve's. Not simulated: the sidecar's warm-up (a
+request per worker and model after the first plan, seconds before the replay, counted in the planner's demand) and
+the spread of the per-batch overhead (a constant in the simulation). The planner decides on a burst at a second's
+first arrival, from whole-second counts against a threshold and at most once per 2 s cooldown, so a count one query
+apart or a cooldown passed by a few ms (the sidecar takes a query in a few ms after it was sent) can move a plan by
+a second, and the two runs part from there: ``plans`` says how many of the simulated plans were asked for when the
+sidecar asked for one. The client's view adds the replay's send lag and gRPC both ways (``client_delay_ms``, p50 and
+p99).
 """
 
 from __future__ import annotations

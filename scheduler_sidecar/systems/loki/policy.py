@@ -238,7 +238,9 @@ class LokiTask(Policy):
             if not siblings or not self.balance:
                 siblings = sorted(healthy)
             return min(siblings, key=work, default=None)
-        return worker_id if worker_id is None or worker_id in healthy else min(sorted(healthy), key=work, default=None)
+        if worker_id is None or worker_id in healthy:
+            return worker_id
+        return min(sorted(healthy), key=work, default=None)
 
     # ------------------------------------------------------------------ batching
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
