@@ -8,16 +8,27 @@ targets over gRPC, one after the other, in the same run:
   both at the same moderate constant request rate (``--rate``).
 - ``throughput_ratio``: the most single-sample requests per second the sidecar sustains
   divided by Triton's own, each at its best concurrency from ``--concurrency``.
+- ``cpu_us_per_request``: at a constant ``--cpu-rate`` (1,000/s), for each front end (``grpc``,
+  ``http`` with binary tensors, ``streaming``: gRPC ``ModelStreamInfer``), the CPU time (user +
+  system, all threads) the sidecar and Triton (with its python-backend stubs) spent over the
+  whole perf_analyzer run, divided by the rows Triton served in it (its own statistics), direct
+  and through the sidecar. A front end the sidecar does not serve reports its error instead.
 
 ``--cprofile FILE`` runs the sidecar under cProfile and prints where its time went.
+``--py-spy FILE`` samples the sidecar with py-spy (native frames included, so the C parts of
+gRPC, protobuf and the interpreter show, which cProfile cannot see) during the gRPC CPU run,
+saves the collapsed stacks and reports the share of the sidecar's busy samples per part
+(:data:`PARTS`, by the innermost frame that names one).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import pstats
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +42,22 @@ from onnx import TensorProto, helper, numpy_helper
 MODEL = "trivial"
 IMAGE_SIZE, NUM_CLASSES = 16, 10
 PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+FRONT_ENDS = ("grpc", "http", "streaming")
+# what a sampled stack's innermost frames are part of: the first part whose marker a frame's function or file
+# holds names it (frames are scanned from the innermost out; the interpreter's own frames name none)
+PARTS = (
+    ("metrics", ("prometheus_client",)),
+    ("logging", ("logging/",)),
+    ("protobuf", ("protobuf", "upb", "_pb2", "message.py")),
+    ("grpc", ("grpc", "cygrpc", "absl", "gpr_", "tsi_", "ev_epoll", "chttp2")),
+    ("aiohttp", ("aiohttp", "multidict", "yarl")),
+    ("engine and policy", ("scheduler_sidecar/core/", "scheduler_sidecar/systems/")),
+    ("driver", ("scheduler_sidecar/live/driver",)),
+    ("Triton client call", ("scheduler_sidecar/live/workers",)),
+    ("front end", ("scheduler_sidecar/server/",)),
+    ("asyncio", ("asyncio", "selectors", "_asyncio")),
+    ("kernel and libc", ("libc.so", "libc-", "[kernel", "epoll_wait", "__libc", "syscall", "libpthread")),
+)
 
 
 def register_bench(kinds: argparse._SubParsersAction) -> None:
@@ -41,7 +68,13 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                    help="concurrencies tried for peak throughput (default: 4 16 48)")
     p.add_argument("--window-ms", type=int, default=4000, help="perf_analyzer measurement window (default 4000)")
     p.add_argument("--slo-ms", type=float, default=1000.0, help="slo_us sent to the sidecar (default 1000 ms)")
+    p.add_argument("--cpu-rate", type=float, default=1000.0,
+                   help="requests/s for the CPU-per-request comparison (default 1000)")
+    p.add_argument("--front-ends", nargs="+", choices=FRONT_ENDS, default=list(FRONT_ENDS),
+                   help="front ends whose CPU per request is measured (default: all)")
     p.add_argument("--cprofile", type=Path, help="run the sidecar under cProfile, save the stats here, print a summary")
+    p.add_argument("--py-spy", type=Path, dest="py_spy",
+                   help="sample the sidecar with py-spy --native during the gRPC CPU run; save the stacks here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -79,23 +112,88 @@ def measure_profile(url: str, path: Path, repeats: int = 30, model: str = MODEL)
     Profile(model, "accscale bench (measured direct, this run)", (variant,)).save(path)
 
 
-def perf_analyzer(binary: Path, url: str, window_ms: int, load: list[str], slo_us: int | None) -> dict[str, float]:
+def perf_analyzer(binary: Path, url: str, window_ms: int, load: list[str], slo_us: int | None,
+                  front_end: str = "grpc", stability_pct: int = 50) -> dict[str, float]:
     """One perf_analyzer measurement: throughput and latency percentiles (ms)."""
+    protocol = ["-i", "http"] if front_end == "http" else ["-i", "grpc", *(["--streaming"] * (front_end == "streaming"))]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "pa.csv"
-        cmd = [str(binary), "-m", MODEL, "-u", url, "-i", "grpc", "-p", str(window_ms), "--max-trials", "4",
-               "-s", "50", "-f", str(out), *load]
-        if slo_us is not None:
+        cmd = [str(binary), "-m", MODEL, "-u", url, *protocol, "-p", str(window_ms), "--max-trials", "4",
+               "-s", str(stability_pct), "-f", str(out), *load]
+        if slo_us is not None and front_end != "http":  # perf_analyzer sends parameters over gRPC only
             cmd += ["--request-parameter", f"slo_us:{slo_us}:int"]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        timeout_s = 60 + 10 * window_ms / 1000  # a target that never answers (a stream it refuses) hangs it
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"perf_analyzer gave no result in {timeout_s:.0f} s ({' '.join(cmd)})") from None
         if result.returncode != 0 or not out.exists():
-            raise RuntimeError(f"perf_analyzer failed ({' '.join(cmd)}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+            lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+            raise RuntimeError(f"perf_analyzer failed ({' '.join(cmd)}): {lines[-1] if lines else 'no output'}")
         (row,) = list(csv.DictReader(out.open()))
     return {"throughput_qps": float(row["Inferences/Second"]), "p50_ms": float(row["p50 latency"]) / 1e3,
             "p99_ms": float(row["p99 latency"]) / 1e3}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads and its children (Triton's backend stubs)."""
+    import psutil
+
+    process = psutil.Process(pid)
+    total = 0.0
+    for p in (process, *process.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def rows_served(grpc_url: str) -> int:
+    """Rows Triton has run the trivial model on (its inference statistics)."""
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        return client.get_inference_statistics(MODEL).model_stats[0].inference_count
+
+
+def constant_load(binary: Path, url: str, window_ms: int, rate: float, slo_us: int | None,
+                  front_end: str = "grpc") -> dict[str, float]:
+    # a CPU count needs the load, not a stable latency: any spread between windows is accepted
+    return perf_analyzer(binary, url, window_ms, ["--request-rate-range", str(rate), "--request-distribution",
+                                                  "constant"], slo_us, front_end, stability_pct=1000)
+
+
+def sample(binary: Path, url: str, window_ms: int, rate: float, slo_us: int, pid: int, stacks: Path) -> None:
+    """The sidecar's stacks under a constant gRPC load, sampled by py-spy with native frames (which pauses the
+    process at every sample: CPU figures come from runs without it)."""
+    sampler = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--native", "--format",
+                                "raw", "--rate", "250", "-o", str(stacks), "--pid", str(pid)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        constant_load(binary, url, window_ms, rate, slo_us)
+    finally:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its stacks when interrupted
+        sampler.wait(timeout=60)
+
+
+def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us: int | None, front_end: str,
+                    triton, sidecar) -> dict:
+    """CPU microseconds per request of the sidecar (when one is in the path) and of Triton, at ``rate``."""
+    rows = rows_served(triton.grpc_url)
+    pids = {"triton": triton.pid, **({"sidecar": sidecar.pid} if sidecar else {})}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    try:
+        result = constant_load(binary, url, window_ms, rate, slo_us, front_end)
+    except RuntimeError as exc:
+        return {"error": str(exc).rsplit(": ", 1)[-1][:300]}
+    served = rows_served(triton.grpc_url) - rows
+    used = {name: round((cpu_seconds(pid) - before[name]) / max(served, 1) * 1e6, 1) for name, pid in pids.items()}
+    return {**used, "total": round(sum(used.values()), 1), "requests": served,
+            "throughput_qps": result["throughput_qps"]}
+
+
 def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cprofile: Path | None,
+          cpu_rate: float = 1000.0, front_ends: tuple[str, ...] = FRONT_ENDS, py_spy: Path | None = None,
           progress=lambda msg: None) -> dict:
     from export.repository import write_static
     from scheduler_sidecar.experiments.perf_analyzer import ensure
@@ -113,6 +211,17 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
             with SidecarServer(workers=[triton.grpc_url], profile=profile, python_args=python_args,
                                extra_args=["--model-name", MODEL]) as sidecar:
                 targets = {"direct": (triton.grpc_url, None), "sidecar": (sidecar.grpc_url, round(slo_ms * 1e3))}
+                http = {"direct": triton.http_url, "sidecar": sidecar.http_url}
+                cpu: dict[str, dict] = {}
+                for front_end in front_ends:
+                    for name, (url, slo) in targets.items():
+                        progress(f"{name}: CPU per request over {front_end} at {cpu_rate:g} requests/s")
+                        cpu.setdefault(front_end, {})[name] = cpu_per_request(
+                            binary, http[name] if front_end == "http" else url, window_ms, cpu_rate, slo,
+                            front_end, triton, sidecar if name == "sidecar" else None)
+                if py_spy is not None:
+                    progress(f"sidecar: sampling its stacks over gRPC at {cpu_rate:g} requests/s")
+                    sample(binary, sidecar.grpc_url, window_ms, cpu_rate, targets["sidecar"][1], sidecar.pid, py_spy)
                 at_rate, peak = {}, {}
                 for name, (url, slo) in targets.items():
                     progress(f"{name}: latency at {rate:g} requests/s")
@@ -129,12 +238,36 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
         "added_p99_ms": round(at_rate["sidecar"]["p99_ms"] - at_rate["direct"]["p99_ms"], 3),
         "throughput_ratio": round(peak["sidecar"]["throughput_qps"] / peak["direct"]["throughput_qps"], 3),
         "rate_qps": rate, "at_rate": at_rate, "peak": peak,
+        "cpu_rate_qps": cpu_rate, "cpu_us_per_request": cpu,
+        **({"py_spy_parts": parts(py_spy)} if py_spy is not None and py_spy.exists() else {}),
     }
+
+
+def parts(stacks: Path) -> dict[str, float]:
+    """Share of the sampled busy stacks per part (:data:`PARTS`); "interpreter" where no frame names one."""
+    counts: dict[str, int] = {}
+    for line in stacks.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        frames = stack.split(";")[::-1]
+        part = next((name for frame in frames for name, markers in PARTS if any(m in frame for m in markers)),
+                    "interpreter")
+        counts[part] = counts.get(part, 0) + int(count)
+    total = sum(counts.values()) or 1
+    return {name: round(n / total, 3) for name, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def _cpu_line(r: dict) -> str:
+    if "error" in r:
+        return f"failed ({r['error']})"
+    return ", ".join(f"{k} {r[k]:.0f}" for k in ("sidecar", "triton", "total") if k in r)
 
 
 def run(args: argparse.Namespace) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
-    result = bench(args.rate, args.concurrency, args.window_ms, args.slo_ms, args.cprofile, progress)
+    result = bench(args.rate, args.concurrency, args.window_ms, args.slo_ms, args.cprofile, args.cpu_rate,
+                   tuple(args.front_ends), args.py_spy, progress)
     if args.json:
         print(json.dumps(result))
     else:
@@ -144,6 +277,12 @@ def run(args: argparse.Namespace) -> int:
                   f"peak {p['throughput_qps']:.0f}/s at concurrency {p['concurrency']}")
         print(f"added p50 {result['added_p50_ms']:.2f} ms, added p99 {result['added_p99_ms']:.2f} ms, "
               f"throughput ratio {result['throughput_ratio']:.2f}")
+        print(f"CPU us per request at {args.cpu_rate:g}/s:")
+        for front_end, sides in result["cpu_us_per_request"].items():
+            print(f"  {front_end:<10} " + "; ".join(f"{name} {_cpu_line(r)}" for name, r in sides.items()))
+    if "py_spy_parts" in result and not args.json:
+        print("where the sidecar's busy samples were (py-spy --native, gRPC at the CPU rate): "
+              + ", ".join(f"{name} {share:.1%}" for name, share in result["py_spy_parts"].items()))
     if args.cprofile:
         print(f"\nwhere the sidecar's time went (cProfile, {args.cprofile}):", file=sys.stderr)
         pstats.Stats(str(args.cprofile), stream=sys.stderr).sort_stats("tottime").print_stats(15)
