@@ -37,6 +37,8 @@ class Code(enum.Enum):
     # HTTP has no deadline of its own; 504 says "the answer did not come in time", unlike 503 (try later)
     DEADLINE_EXCEEDED = ("DEADLINE_EXCEEDED", 504)
     PERMISSION_DENIED = ("PERMISSION_DENIED", 403)
+    # refused at admission because the queue ahead makes the request's SLO infeasible: retry elsewhere or later
+    RESOURCE_EXHAUSTED = ("RESOURCE_EXHAUSTED", 429)
     INTERNAL = ("INTERNAL", 500)
 
     @property
@@ -64,6 +66,12 @@ class InvalidRequest(RequestError):
 
 class SloInfeasible(InvalidRequest):
     pass
+
+
+class Overloaded(RequestError):
+    """Refused on arrival: the requests queued ahead already take more than its SLO (load shedding)."""
+
+    code = Code.RESOURCE_EXHAUSTED
 
 
 class UnknownModel(RequestError):

@@ -122,3 +122,25 @@ def test_a_query_removed_from_deep_in_the_queue_and_queued_again_is_queued_once(
     assert [q.id for q in queue.scan()] == [0, 1, 2, 3, 5] and 4 not in queue
     queue.push(retried)
     assert [q.id for q in queue.scan()] == [0, 1, 2, 3, 4, 5]
+
+
+def test_admission_refuses_only_what_the_queue_ahead_makes_infeasible():
+    """One worker; a burst of 200 queries at once with a 40 ms SLO. The first starts at once; behind it, the
+    profile's best option (variant v0 at batch 16: 9 ms) serves at most 4 x 16 = 64 within 40 ms (the running
+    batch is not counted: the bound is optimistic), so with admission the 66th and later are refused at arrival;
+    without it they queue and are dropped later. Admission loses no query that could be met."""
+    arrivals, deadlines = [0] * 200, [40_000] * 200
+    runs = {admission: Simulator(SlackFit(make_profile()), World.uniform(1), admission=admission).run(
+        arrivals, deadlines) for admission in (False, True)}
+    shed, queued = runs[True].summary(), runs[False].summary()
+    assert shed["rejected"] == 200 - 65 and queued["rejected"] == 0
+    assert shed["met"] >= queued["met"] and shed["met"] + shed["late"] + shed["dropped"] == 65
+
+
+def test_admission_counts_only_the_queries_with_earlier_deadlines():
+    """Queries with a tight SLO arriving behind a long queue of lax ones are admitted: EDF serves them first."""
+    lax = [(0, 10_000_000)] * 300
+    tight = [(1, 40_001)] * 10
+    arrivals, deadlines = zip(*(lax + tight))
+    result = Simulator(SlackFit(make_profile()), World.uniform(1), admission=True).run(list(arrivals), list(deadlines))
+    assert result.summary()["rejected"] == 0 and result.summary()["met"] == 310

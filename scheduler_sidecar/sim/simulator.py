@@ -62,7 +62,8 @@ class Simulator:
 
     def __init__(self, policy: Policy | Mapping[str, Policy], config: SimConfig | World, *,
                  planner: Planner | None = None, result_model: ResultModel | None = None,
-                 max_attempts: int = 1 << 30, plan_delay_us: Callable[[int], int] | None = None) -> None:
+                 max_attempts: int = 1 << 30, plan_delay_us: Callable[[int], int] | None = None,
+                 admission: bool = False) -> None:
         policies = {"": policy} if isinstance(policy, Policy) else dict(policy)
         if not policies:
             raise ValueError("a simulation needs at least one policy")
@@ -71,7 +72,9 @@ class Simulator:
         self.world = world.with_load_times([p.profile for p in policies.values()])
         # Ambiguity: the simulator retried a lost worker's queries without limit before the engine
         # counted attempts; the default keeps that (the live sidecar's default is 3).
-        self.types = [QueryType(name, p, max_attempts=max_attempts) for name, p in policies.items()]
+        # admission: refuse what the queue ahead makes infeasible, as the live sidecar does by default; off by
+        # default here, where the papers' policies are reproduced without it
+        self.types = [QueryType(name, p, max_attempts=max_attempts, admission=admission) for name, p in policies.items()]
         self.planner = planner
         self.result_model = result_model
         self.plan_delay_us = plan_delay_us
