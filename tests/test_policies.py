@@ -126,16 +126,35 @@ def test_edf_queue_orders_by_deadline_then_arrival():
     assert [q.id for q in queue.scan()] == order[3:10] + order[12:] and len(queue) == 45
 
 
-def test_slackfit_serves_below_bucket_zero_what_the_quickest_option_can_still_serve():
-    """A slack between the quickest option (fastest variant, batch 1) and bucket 0 is served, not dropped."""
-    policy = SlackFit(PROFILE)
+@pytest.mark.parametrize("rule", ["serve", "yield"])
+def test_slackfit_serves_below_bucket_zero_what_the_quickest_option_can_still_serve(rule):
+    """A slack between the quickest option (fastest variant, batch 1) and bucket 0 is served, not dropped, when
+    nothing is queued behind the batch that serves it (either rule)."""
+    policy = SlackFit(PROFILE, below_buckets=rule)
     menu = policy.menu()
     quickest_us = min(policy.latency_us(v, 1) for v in PROFILE.variants)
     assert menu.fastest_us == quickest_us < menu.buckets[0].latency_us
     slack = (quickest_us + menu.buckets[0].latency_us) // 2
-    d = policy.decide(0, make_queue(make_queries(n=4, slo_us=slack)).view(), make_workers(1))
+    _, batch = menu.choose(slack)
+    d = policy.decide(0, make_queue(make_queries(n=batch, slo_us=slack)).view(), make_workers(1))
     assert not d.dropped and d.dispatches
     assert policy.latency.us(d.dispatches[0].variant_id, len(d.dispatches[0].query_ids), "cpu") <= slack
+
+
+def test_slackfit_yields_below_bucket_zero_to_the_queries_behind():
+    """With more queued than the batch below bucket 0 would take, "yield" drops the heads below bucket 0 and
+    "serve" serves them."""
+    served, yielding = SlackFit(PROFILE, below_buckets="serve"), SlackFit(PROFILE, below_buckets="yield")
+    menu = served.menu()
+    slack = (menu.fastest_us + menu.buckets[0].latency_us) // 2
+    _, batch = menu.choose(slack)
+    heads = make_queries(n=batch + 1, slo_us=slack)
+    behind = make_queries(n=8, slo_us=10 * menu.buckets[0].latency_us, start_us=0)
+    behind = [type(q)(q.deadline_us, q.id + 100, q.seq + 100, q.arrival_us) for q in behind]
+    queue = make_queue(heads + behind)
+    assert served.decide(0, queue.view(), make_workers(1)).dispatches
+    d = yielding.decide(0, queue.view(), make_workers(1))
+    assert not d.dispatches and sorted(d.dropped) == [q.id for q in heads]
 
 
 def test_a_refused_remove_removes_nothing():

@@ -41,6 +41,14 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     s.add_argument("--decisions", type=int, default=20_000, help="decide() calls timed (default: 20,000)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=run_slackfit)
+    r = kinds.add_parser("overload-rules", help="SlackFit's below-bucket rules, with and without admission, "
+                         "simulated under overload", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--profile", type=Path, default=PAPER_PROFILE, help="profile (default: the paper-scale one)")
+    r.add_argument("--duration-s", type=float, default=20.0, help="length of each trace (default: 20)")
+    r.add_argument("--slo-ms", type=float, default=36.0, help="every query's SLO (default: 36)")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(func=run_overload_rules)
     g = kinds.add_parser("optimal-gap", help="policies' objective over the offline ZILP optimum on small traces",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("--traces", type=int, default=8, help="random traces (default: 8)")
@@ -83,6 +91,47 @@ def run_simulator(args: argparse.Namespace) -> int:
            "queries_per_cpu_minute": 60 * s["queries"] / cpu_s,
            "slo_attainment": s["slo_attainment"], "decisions": s["decisions"]}
     print(json.dumps(out) if args.json else "\n".join(f"{k:>24}: {v}" for k, v in out.items()))
+    return 0
+
+
+# (name, workers, [(rate q/s, share of the trace)]): issue 26's overload traces on the paper profile
+OVERLOAD_TRACES = (("gamma 7000 q/s, CV2 8", 4, ((7000.0, 1.0),)),
+                   ("step 1000 -> 9000 q/s", 5, ((1000.0, 0.5), (9000.0, 0.5))))
+
+
+def run_overload_rules(args: argparse.Namespace) -> int:
+    """Queries met under overload by SlackFit's two below-bucket rules, each with the engine's admission off and
+    on, on the same traces (gamma with CV2 8; Poisson steps), side by side."""
+    from loadtest.traces import gamma
+    from scheduler_sidecar.core.profile import Profile
+    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+    from scheduler_sidecar.systems import make_policy
+
+    profile = Profile.load(args.profile)
+    rows = []
+    for name, workers, phases in OVERLOAD_TRACES:
+        parts, start_s = [], 0.0
+        for seed, (rate, share) in enumerate(phases):
+            length_s = share * args.duration_s
+            parts.append(start_s + gamma(rate, 8.0 if len(phases) == 1 else 1.0, length_s, seed=seed).arrival_s)
+            start_s += length_s
+        arrival_us = np.round(np.concatenate(parts) * 1e6).astype(np.int64)
+        for rule in ("serve", "yield"):
+            for admission in (False, True):
+                policy = make_policy("slackfit", profile, below_buckets=rule)
+                s = Simulator(policy, SimConfig(workers), admission=admission).run(
+                    arrival_us, arrival_us + round(args.slo_ms * 1000)).summary()
+                rows.append({"trace": name, "workers": workers, "rule": rule, "admission": admission,
+                             "queries": s["queries"], "met": s["met"], "slo_attainment": round(s["slo_attainment"], 4),
+                             "mean_serving_accuracy": round(s["mean_serving_accuracy"], 4),
+                             "rejected": s["rejected"], "dropped": s["dropped"], "late": s["late"]})
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for r in rows:
+            print(f"{r['trace']:<24} {r['workers']} workers  rule {r['rule']:<5}  admission {'on ' if r['admission'] else 'off'}"
+                  f"  met {r['met']:>7} of {r['queries']}  accuracy {r['mean_serving_accuracy']:.4f}  "
+                  f"rejected {r['rejected']:>6}  dropped {r['dropped']:>6}  late {r['late']:>5}")
     return 0
 
 

@@ -37,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="queries no option can serve in time: drop them or serve them late (default: drop; "
                         "serve for ramsis, jellyfish and modelswitching, which never drop in the paper)")
     p.add_argument("--num-buckets", type=int, default=32, help="SlackFit latency buckets (default: 32)")
+    p.add_argument("--below-buckets", choices=("yield", "serve"), default="yield",
+                   help="SlackFit below its smallest bucket: yield (serve only when nothing is queued behind; "
+                        "the default) or serve (always)")
+    p.add_argument("--admission", action="store_true",
+                   help="refuse arrivals that the queue ahead makes infeasible, as the live sidecar does")
     p.add_argument("--latency-noise", choices=("none", "tail"), default="none",
                    help="batch latency: the profiled p50, or lognormal samples between p50 and p99")
     p.add_argument("--seed", type=int, default=0, help="seed of the latency noise (default: 0)")
@@ -155,12 +160,12 @@ def _simulate(args, profile, arrival_us, deadline_us, fail_at) -> dict:
         if args.policy == "modelswitching":
             options["profile_s"] = args.ms_profile_s
     if args.policy == "slackfit":
-        options["num_buckets"] = args.num_buckets
+        options.update(num_buckets=args.num_buckets, below_buckets=args.below_buckets)
     if args.policy == "clipper" and args.clipper_subnet:
         options["variant_id"] = args.clipper_subnet
     policy = make_policy(args.policy, profile, **options)
     config = SimConfig(workers=args.workers, seed=args.seed, latency_noise=args.latency_noise, fail_at_s=fail_at)
-    result = Simulator(policy, config).run(arrival_us, deadline_us)
+    result = Simulator(policy, config, admission=args.admission).run(arrival_us, deadline_us)
     if args.dynamics_csv:
         write_dynamics(result.dynamics(), args.dynamics_csv)
     return result.summary()

@@ -20,16 +20,23 @@ moves to small subnets and large batches; light load moves it to accurate subnet
 # fastest variant at batch 1), not bucket 0, which may hold a larger batch: a query that
 # option can still serve is not dropped. It is served with the fastest variant's largest batch
 # within its slack, the bucket rule's own choice among the options below bucket 0.
+# ``below_buckets`` names the two readings of what to do below bucket 0 (issue 26): "serve" (the
+# default, above) serves it whatever is queued behind; "yield" serves it only when nothing is
+# queued behind the batch, and otherwise drops it, so that a burst's tiny-slack heads do not spend
+# the batches the queries behind them need (compared in `accscale bench overload --rule`).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler_sidecar.core.latency import LatencyTable
 from scheduler_sidecar.core.policy import HeadSlackPolicy
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.core.queue import QueueView
+from scheduler_sidecar.core.records import Decision, WorkerState
 from scheduler_sidecar.errors import ConfigError
 
 
@@ -94,11 +101,36 @@ class SlackFit(HeadSlackPolicy[Buckets]):
 
     name = "slackfit"
 
-    def __init__(self, profile: Profile, *, num_buckets: int = 32, **options) -> None:
+    def __init__(self, profile: Profile, *, num_buckets: int = 32, below_buckets: str = "yield", **options) -> None:
         super().__init__(profile, **options)
         if num_buckets < 1:
             raise ConfigError("num_buckets must be >= 1")
+        if below_buckets not in ("serve", "yield"):
+            raise ConfigError(f"below_buckets must be 'serve' or 'yield', got {below_buckets!r}")
         self.num_buckets = num_buckets
+        self.below_buckets = below_buckets
+
+    def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
+        if self.below_buckets == "yield" and queue:
+            worker = next((w for w in workers if w.is_free), None)
+            if worker is not None:
+                yielded = self._yield(now_us, queue, self.menu(worker.device))
+                if yielded:
+                    return yielded
+        return super().decide(now_us, queue, workers)
+
+    def _yield(self, now_us: int, queue: QueueView, menu: Buckets) -> Decision | None:
+        """Drop the head queries below bucket 0 when more are queued than the batch that would serve them."""
+        floor_us = menu.buckets[0].latency_us
+        choice = menu.choose(self.slack_us(now_us, queue.peek()))
+        if choice is None or self.slack_us(now_us, queue.peek()) >= floor_us or len(queue) <= choice[1]:
+            return None
+        dropped = []
+        for query in queue.scan():
+            if self.slack_us(now_us, query) >= floor_us:
+                break
+            dropped.append(query.id)
+        return Decision(dropped=tuple(dropped))
 
     def build_menu(self, device: str) -> Buckets:
         v = min(self.profile.variants, key=lambda v: (self.latency.us(v.id, 1, device), -v.accuracy))
