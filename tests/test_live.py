@@ -19,7 +19,7 @@ from scheduler_sidecar.errors import (
     WorkerFailed,
     WorkerLost,
 )
-from scheduler_sidecar.live.driver import LiveDriver, LiveModel, ModelOptions, now_us
+from scheduler_sidecar.live.driver import Answer, LiveDriver, LiveModel, ModelOptions, now_us
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import FakeWorker, Health, InferCall
 from scheduler_sidecar.server import config as sidecar_config
@@ -472,3 +472,47 @@ def test_two_logical_models_on_one_real_triton_never_run_two_batches_at_once(tmp
     intervals = sorted(tuple(map(float, line.split())) for line in (tmp_path / "repo" / "intervals.txt").read_text().split("\n") if line)
     assert len(intervals) >= 2
     assert all(end <= next_start for (_, end), (next_start, _) in zip(intervals, intervals[1:]))
+
+
+def test_a_request_s_rows_arrive_together_and_are_answered_together():
+    """Four rows of one request are queued at once: one batch of four, their answers joined in row order."""
+    async def main():
+        w = worker(gated=False)
+        driver, (model,) = make_driver(w)
+        answers = await model.infer_rows([row(i, 1) for i in range(4)], 1_000_000)
+        assert [logits(a)[0] for a in answers] == [1, 2, 3, 4] and [c.rows for c in w.calls] == [4]
+        joined = Answer.join(answers)
+        assert np.frombuffer(joined.outputs["LOGITS"], np.float32).reshape(4, 3)[:, 0].tolist() == [1, 2, 3, 4]
+        assert joined.batch_size == 4 and joined.variant_id == answers[0].variant_id and driver.num_pending == 0
+
+    asyncio.run(main())
+
+
+def test_a_request_whose_row_fails_fails_and_its_other_rows_are_withdrawn():
+    """One row of a request breaks the model: the request gets that row's error, and its other rows are withdrawn
+    (taken off the queue, or their answers discarded)."""
+    def poisoned(call: InferCall) -> list[dict[str, bytes]]:
+        if np.isnan(np.frombuffer(b"".join(call.inputs[0][1]), np.float32)).any():
+            raise WorkerFailed("worker a: the model rejects NaN")
+        return compute(call)
+
+    async def main():
+        w = FakeWorker("a", compute=poisoned, gate=asyncio.Event())
+        driver, (model,) = make_driver(w)
+        blocker = asyncio.ensure_future(model.infer(row(0, 0), 1_000_000))
+        await settle()
+        # 40 rows queue behind it; the first batch (16) holds the NaN row, the next 16 start when it ends, 8 wait
+        request = asyncio.ensure_future(model.infer_rows([row(float("nan"), 0)] + [row(i, i) for i in range(1, 40)],
+                                                         1_000_000))
+        await settle()
+        w.gate.set()
+        with pytest.raises(WorkerFailed, match="NaN"):
+            await request
+        await blocker
+        await settle()
+        # the batch of 16 is retried in halves down to the NaN row; the second batch's answers are discarded and
+        # the 8 rows still queued never run
+        assert [c.rows for c in w.calls] == [1, 16, 8, 4, 2, 1, 1, 2, 4, 8, 16]
+        assert driver.engine.queued("m") == 0 and driver.num_pending == 0
+
+    asyncio.run(main())

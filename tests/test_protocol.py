@@ -36,9 +36,25 @@ def parse(parameters=None, inputs=None, outputs=None):
 
 def test_a_well_formed_request_comes_back_as_rows_slo_and_outputs():
     checked = parse({"slo_us": 20_000.0, "binary_data_output": True})
-    assert checked.rows == {"INPUT": RAW} and checked.slo_us == 20_000 and checked.outputs == (("LOGITS", True),)
+    assert checked.inputs == {"INPUT": RAW} and checked.count == 1 and checked.rows(MODEL) == [{"INPUT": RAW}]
+    assert checked.slo_us == 20_000 and checked.outputs == (("LOGITS", True),)
     typed = parse(inputs=[good(raw=None, values=[[0, 1], [2, 3]])], outputs=[OutputIn("LOGITS", False)])
-    assert typed.rows == {"INPUT": RAW} and typed.slo_us == 50_000 and typed.outputs == (("LOGITS", False),)
+    assert typed.inputs == {"INPUT": RAW} and typed.slo_us == 50_000 and typed.outputs == (("LOGITS", False),)
+
+
+def test_a_request_of_several_rows_is_split_into_one_query_input_per_row():
+    rows = [np.full(4, i, np.float32).tobytes() for i in range(3)]
+    checked = parse(inputs=[good(shape=[3, 2, 2], raw=b"".join(rows))])
+    assert checked.count == 3 and checked.rows(MODEL) == [{"INPUT": r} for r in rows]
+    typed = parse(inputs=[good(shape=[3, 2, 2], raw=None, values=[[[i, i], [i, i]] for i in range(3)])])
+    assert typed.rows(MODEL) == checked.rows(MODEL)
+
+
+def test_inputs_with_different_row_counts_are_invalid():
+    two = ModelInfo("m", {"A": TensorSpec("A", "FP32", (2,)), "B": TensorSpec("B", "FP32", (2,))}, {}, 50_000)
+    inputs = [TensorIn("A", "FP32", [1, 2], raw=bytes(8)), TensorIn("B", "FP32", [2, 2], raw=bytes(16))]
+    with pytest.raises(InvalidRequest, match="input 'B' has 2 rows, the others 1"):
+        parse_request(two, {}, inputs, None, LIMITS)
 
 
 @pytest.mark.parametrize("slo", [10**16, 2**63 - 1, math.inf, -math.inf, math.nan, float("1e400"), 0, -5, 1.5,
@@ -51,7 +67,11 @@ def test_slo_outside_its_range_or_not_a_whole_number_is_invalid(slo):
 @pytest.mark.parametrize(("tensor", "message"), [
     (good(shape=[True, 2, 2]), "list of integers"),
     (good(shape="1,2,2"), "list of integers"),
-    (good(shape=[2, 2, 2]), "single-sample"),
+    (good(shape=[0, 2, 2]), r"1 to 64 rows"),
+    (good(shape=[65, 2, 2], raw=RAW * 65), r"1 to 64 rows"),
+    (good(shape=[1, 2, 3]), r"expected \[rows, 2, 2\]"),
+    (good(shape=[1, 4]), r"expected \[rows, 2, 2\]"),
+    (good(shape=[2, 2, 2]), "16 bytes of data, expected 32"),
     (good(datatype="FP16"), "datatype"),
     (good(datatype=["FP32"]), "datatype"),
     (good(raw=RAW[:-1]), "bytes of data"),

@@ -49,7 +49,7 @@ def grpc_input(x: np.ndarray, name: str = "INPUT", dtype: str = "FP32") -> grpcc
 
 def direct(fast_build, triton, variant_id: str, x: np.ndarray) -> np.ndarray:
     """What Triton itself answers for ``x`` under the variant's control row."""
-    control = np.asarray([fast_build.profile.variant(variant_id).actuation.control], dtype=np.int32)
+    control = np.asarray([fast_build.profile.variant(variant_id).actuation.control] * len(x), dtype=np.int32)
     with grpcclient.InferenceServerClient(triton.grpc_url) as client:
         return client.infer("digits_supernet", [grpc_input(x), grpc_input(control, "CONTROL", "INT32")]).as_numpy("LOGITS")
 
@@ -97,7 +97,7 @@ def test_grpc_answers_equal_triton_with_the_chosen_control_row(fast_build, trito
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("digits")
         meta = client.get_model_metadata("digits", as_json=True)
         assert [t["name"] for t in meta["inputs"]] == ["INPUT"]  # CONTROL is the sidecar's business
-        assert client.get_model_config("digits", as_json=True)["config"]["max_batch_size"] == 1
+        assert client.get_model_config("digits", as_json=True)["config"]["max_batch_size"] == 64
         for x in images[:4]:
             result = client.infer("digits", [grpc_input(x[None])], parameters=SLO, request_id="r1")
             assert result.get_response().id == "r1"
@@ -107,7 +107,7 @@ def test_grpc_answers_equal_triton_with_the_chosen_control_row(fast_build, trito
 def test_http_binary_and_json_answers(fast_build, triton, sidecar, images):
     with httpclient.InferenceServerClient(sidecar.http_url) as client:
         assert client.is_server_ready() and client.is_model_ready("digits")
-        assert client.get_model_config("digits")["max_batch_size"] == 1
+        assert client.get_model_config("digits")["max_batch_size"] == 64
         for binary in (True, False):
             x = images[:1]
             tensor = httpclient.InferInput("INPUT", list(x.shape), "FP32")
@@ -115,6 +115,63 @@ def test_http_binary_and_json_answers(fast_build, triton, sidecar, images):
             result = client.infer("digits", [tensor], parameters=SLO,
                                   outputs=[httpclient.InferRequestedOutput("LOGITS", binary_data=binary)])
             assert_served(fast_build, triton, x, result.as_numpy("LOGITS"), result.get_response()["parameters"])
+
+
+def test_a_request_of_several_rows_is_answered_row_by_row(fast_build, triton, sidecar, images):
+    """A batch of 5 rows, over gRPC and HTTP: each row's answer is Triton's for the variant that served it."""
+    x = images[:5]
+    with grpcclient.InferenceServerClient(sidecar.grpc_url) as client:
+        result = client.infer("digits", [grpc_input(x)], parameters=SLO)
+        grpc_logits, params = result.as_numpy("LOGITS"), grpc_params(result)
+    with httpclient.InferenceServerClient(sidecar.http_url) as client:
+        tensor = httpclient.InferInput("INPUT", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        http_result = client.infer("digits", [tensor], parameters=SLO)
+    for logits, p in ((grpc_logits, params), (http_result.as_numpy("LOGITS"), http_result.get_response()["parameters"])):
+        assert logits.shape == (5, 10)
+        if "," not in p["variant"]:  # every row on one variant: the whole answer is Triton's for it
+            assert_served(fast_build, triton, x, logits, p)
+        else:  # rows served by several variants: each row is one of theirs
+            for i in range(5):
+                assert any(np.allclose(logits[i], direct(fast_build, triton, v, x[i:i + 1])[0], atol=1e-4)
+                           for v in p["variant"].split(","))
+
+
+def test_streaming_answers_each_request_by_id_and_keeps_the_stream_open_after_an_error(fast_build, triton, sidecar,
+                                                                                        images):
+    """tritonclient's stream: 6 good requests and one bad one in the middle; every request gets its answer or its
+    error on the stream, the good ones after the bad one too."""
+    answers: dict[str, tuple] = {}
+    errors = []
+
+    def callback(result, error):
+        if error is not None:
+            errors.append(str(error))
+        else:
+            answers[result.get_response().id] = (result.as_numpy("LOGITS"), grpc_params(result))
+
+    with grpcclient.InferenceServerClient(sidecar.grpc_url) as client:
+        client.start_stream(callback=callback)
+        for i, x in enumerate(images[:6]):
+            if i == 3:
+                client.async_stream_infer("digits", [grpc_input(x[None].astype(np.float64), dtype="FP64")],
+                                          request_id="bad", parameters=SLO)
+            client.async_stream_infer("digits", [grpc_input(x[None])], request_id=f"r{i}", parameters=SLO)
+        client.stop_stream()  # waits for every answer
+    assert sorted(answers) == [f"r{i}" for i in range(6)]
+    assert len(errors) == 1 and "datatype 'FP64', expected FP32" in errors[0]
+    for i, x in enumerate(images[:6]):
+        assert_served(fast_build, triton, x[None], *answers[f"r{i}"])
+
+
+def test_health_endpoints_answer_with_a_json_body(sidecar):
+    for path, body in (("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True}),
+                       ("/v2/models/digits/ready", {"ready": True})):
+        with urllib.request.urlopen(f"http://{sidecar.http_url}{path}") as response:
+            assert response.status == 200 and json.loads(response.read()) == body
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(f"http://{sidecar.http_url}/v2/models/nope/ready")
+    assert caught.value.code == 400 and json.loads(caught.value.read()) == {"ready": False}
 
 
 def test_asyncio_clients_concurrently(fast_build, triton, sidecar, images):
@@ -142,8 +199,10 @@ BAD_GRPC = [
     ("unknown model", lambda x: ("nope", [grpc_input(x)], SLO), "StatusCode.NOT_FOUND", "unknown model"),
     ("wrong dtype", lambda x: ("digits", [grpc_input(x.astype(np.float64), dtype="FP64")], SLO),
      "StatusCode.INVALID_ARGUMENT", "datatype 'FP64', expected FP32"),
-    ("wrong shape", lambda x: ("digits", [grpc_input(np.concatenate([x, x]))], SLO),
-     "StatusCode.INVALID_ARGUMENT", "shape [2, 1, 16, 16]"),
+    ("wrong shape", lambda x: ("digits", [grpc_input(x[0])], SLO),
+     "StatusCode.INVALID_ARGUMENT", "shape [1, 16, 16], expected [rows, 1, 16, 16]"),
+    ("too many rows", lambda x: ("digits", [grpc_input(np.repeat(x, 65, axis=0))], SLO),
+     "StatusCode.INVALID_ARGUMENT", "with 1 to 64 rows"),
     ("unknown input", lambda x: ("digits", [grpc_input(x), grpc_input(x, "EXTRA")], SLO),
      "StatusCode.INVALID_ARGUMENT", "unexpected input 'EXTRA'"),
     ("missing input", lambda x: ("digits", [], SLO), "StatusCode.INVALID_ARGUMENT", "expects inputs ['INPUT']"),
@@ -259,12 +318,13 @@ def perf_analyzer():
     return ensure()
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("protocol", ["grpc", "http", "streaming"])
 def test_perf_analyzer_runs_against_the_sidecar(perf_analyzer, sidecar, protocol):
-    url = sidecar.grpc_url if protocol == "grpc" else sidecar.http_url
+    url = sidecar.http_url if protocol == "http" else sidecar.grpc_url
     # --request-parameter is gRPC-only in perf_analyzer; over HTTP the model's default SLO applies
-    slo = ["--request-parameter", "slo_us:200000:int"] if protocol == "grpc" else []
-    result = subprocess.run([str(perf_analyzer), "-m", "digits", "-u", url, "-i", protocol, *slo,
+    slo = [] if protocol == "http" else ["--request-parameter", "slo_us:200000:int"]
+    flags = ["-i", "http"] if protocol == "http" else ["-i", "grpc", *(["--streaming"] if protocol == "streaming" else [])]
+    result = subprocess.run([str(perf_analyzer), "-m", "digits", "-u", url, *flags, *slo,
                              "--concurrency-range", "2", "--measurement-mode", "count_windows",
                              "--measurement-request-count", "50", "--max-trials", "3", "-s", "100"],
                             capture_output=True, text=True, timeout=300)

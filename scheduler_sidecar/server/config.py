@@ -10,6 +10,7 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
     admin_token = ""          # empty: the admin endpoints are off
     max_request_bytes = 67108864  # larger HTTP bodies / gRPC messages are refused unread (64 MiB)
     max_slo_us = 60000000     # a larger slo_us is refused (INVALID_ARGUMENT)
+    max_rows = 64             # rows (batch dimension) one request may carry; each is a query of its own
     read_timeout_s = 10.0     # an HTTP request body must arrive within this once its headers have
     idle_timeout_s = 60.0     # an HTTP connection idle this long, or stuck in its headers, is closed
 
@@ -30,6 +31,7 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
     max_attempts = 3           # tries per request when workers fail
     overhead_us = 300          # sidecar time the profile does not include (policies subtract it from slack)
     latency_calibration = true # re-plan when batches run slower or faster than profiled (see live.py)
+    admission = true          # refuse (RESOURCE_EXHAUSTED) a request the queue ahead makes infeasible
     [models.policy_options]
     num_buckets = 32
 """
@@ -68,6 +70,8 @@ class ModelSpec:
     # re-plan with the profile's latencies scaled by how much slower (or faster) batches really run;
     # off for policies that are expensive to build (ramsis generates MDPs) or must follow the profile exactly
     latency_calibration: bool = True
+    # shed at the door what the queue ahead already makes late (core.engine's admission); off: queue it anyway
+    admission: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -193,6 +197,7 @@ class SidecarConfig:
     startup_wait_s: float = 30.0  # how long to wait for the configured workers to be ready
     max_request_bytes: int = Limits.max_request_bytes
     max_slo_us: int = Limits.max_slo_us
+    max_rows: int = Limits.max_rows
     # slow clients: a body that trickles in, or headers that never end, must not hold a connection for ever
     read_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0
@@ -207,7 +212,8 @@ class SidecarConfig:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique: {names}")
-        for key in ("max_request_bytes", "max_slo_us", "read_timeout_s", "idle_timeout_s", "health_interval_s"):
+        for key in ("max_request_bytes", "max_slo_us", "max_rows", "read_timeout_s", "idle_timeout_s",
+                    "health_interval_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0")
         stray = sorted(set(self.worker_devices) - set(self.workers))
@@ -228,7 +234,7 @@ class SidecarConfig:
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.max_request_bytes, self.max_slo_us)
+        return Limits(self.max_request_bytes, self.max_slo_us, self.max_rows)
 
 
 def load(path: Path | None, **overrides: Any) -> SidecarConfig:

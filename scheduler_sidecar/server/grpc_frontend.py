@@ -1,11 +1,14 @@
 """The gRPC front end: ``inference.GRPCInferenceService`` as tritonclient and perf_analyzer call it.
 
-Health, server/model metadata, model config and ``ModelInfer`` are served; the methods the
-sidecar does not offer (repository control, shared memory, statistics, streaming) answer
+Health, server/model metadata, model config, ``ModelInfer`` and ``ModelStreamInfer`` are served;
+the methods the sidecar does not offer (repository control, shared memory, statistics) answer
 UNIMPLEMENTED, as the server metadata's extension list says.
 """
 
 from __future__ import annotations
+
+import asyncio
+import logging
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -22,6 +25,8 @@ from scheduler_sidecar.server.protocol import (
     quote,
 )
 from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
+
+log = logging.getLogger(__name__)
 
 
 class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -55,23 +60,62 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         try:
-            model = self.sidecar.model(request.model_name, request.model_version)
-            params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
-                      if v.WhichOneof("parameter_choice")}
-            outputs = [OutputIn(o.name) for o in request.outputs]
-            checked = parse_request(model, params, _inputs(request), outputs, self.sidecar.limits)
-            remaining = context.time_remaining()
-            answer = await self.sidecar.infer(model.name, checked.rows, checked.slo_us,
-                                              None if remaining is None else int(remaining * 1e6))
+            return await self._infer(request, context.time_remaining())
         except RequestError as exc:
             await context.abort(grpc_status(exc.code), exc.message)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Triton's bidirectional stream: each request is served as it arrives and answered when it ends, so
+        answers may come in another order than the requests (each carries its request's id). A request that
+        fails gets its error on the stream (``error_message``, with the request's id), which stays open."""
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        serving: set[asyncio.Task] = set()
+        loop = asyncio.get_running_loop()
+
+        async def serve(request: pb.ModelInferRequest) -> None:
+            try:
+                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, None))
+            except Exception as exc:  # a RequestError, or a bug: either way this request's answer, on the stream
+                if not isinstance(exc, RequestError):
+                    log.exception("a streamed request failed")
+                message = exc.message if isinstance(exc, RequestError) else f"internal error: {type(exc).__name__}"
+                answer = pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version, id=request.id))
+            answers.put_nowait(answer)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = loop.create_task(serve(request))
+                    serving.add(task)
+                    task.add_done_callback(serving.discard)
+                while serving:  # the client has sent its last request: answer what is still being served
+                    await asyncio.gather(*serving)
+            finally:
+                answers.put_nowait(None)
+
+        reader = loop.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:  # the stream ended or the client left: nothing it sent is served on
+            for task in (reader, *serving):
+                task.cancel()
+
+    async def _infer(self, request: pb.ModelInferRequest, remaining_s: float | None) -> pb.ModelInferResponse:
+        model = self.sidecar.model(request.model_name, request.model_version)
+        params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
+                  if v.WhichOneof("parameter_choice")}
+        outputs = [OutputIn(o.name) for o in request.outputs]
+        checked = parse_request(model, params, _inputs(request), outputs, self.sidecar.limits)
+        answer = await self.sidecar.infer(checked, model, None if remaining_s is None else int(remaining_s * 1e6))
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=MODEL_VERSION, id=request.id)
         for key, value in answer.parameters().items():
             field = {str: "string_param", int: "int64_param", float: "double_param"}[type(value)]
             setattr(response.parameters[key], field, value)
         for name, _ in checked.outputs:
             spec = model.outputs[name]
-            response.outputs.add(name=name, datatype=spec.datatype, shape=[1, *spec.dims])
+            response.outputs.add(name=name, datatype=spec.datatype, shape=[checked.count, *spec.dims])
             response.raw_output_contents.append(answer.outputs[name])
         return response
 

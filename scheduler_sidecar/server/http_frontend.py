@@ -79,11 +79,13 @@ class Routes:
             r.add_post(prefix + "/infer", self.infer)
         return app
 
+    # the health answers say it in the status, as Triton's do, and in a JSON body, which the KServe SDK parses
     async def live(self, request: web.Request) -> web.Response:
-        return web.Response()
+        return web.json_response({"live": True})
 
     async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.sidecar.ready() else 400)
+        ready = self.sidecar.ready()
+        return web.json_response({"ready": ready}, status=200 if ready else 400)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response(_message(self.sidecar.server_metadata()))
@@ -95,7 +97,7 @@ class Routes:
     async def model_ready(self, request: web.Request) -> web.Response:
         ok = self.sidecar.model_ready(request.match_info["model"]) and \
             request.match_info.get("version", "") in ("", MODEL_VERSION)
-        return web.Response(status=200 if ok else 400)
+        return web.json_response({"ready": ok}, status=200 if ok else 400)
 
     async def model_config(self, request: web.Request) -> web.Response:
         name, version = request.match_info["model"], request.match_info.get("version", "")
@@ -117,7 +119,7 @@ class Routes:
         request_id = header.get("id")
         if request_id is not None and not isinstance(request_id, str):
             raise InvalidRequest(f"'id' must be a string, got {quote(request_id)}")
-        answer = await self.sidecar.infer(model.name, checked.rows, checked.slo_us)
+        answer = await self.sidecar.infer(checked, model)
         reply: dict[str, Any] = {"model_name": model.name, "model_version": MODEL_VERSION,
                                  "parameters": answer.parameters(), "outputs": []}
         if request_id is not None:
@@ -125,7 +127,7 @@ class Routes:
         binary = []
         for name, as_binary in checked.outputs:
             spec = model.outputs[name]
-            out: dict[str, Any] = {"name": name, "datatype": spec.datatype, "shape": [1, *spec.dims]}
+            out: dict[str, Any] = {"name": name, "datatype": spec.datatype, "shape": [checked.count, *spec.dims]}
             if as_binary:
                 out["parameters"] = {"binary_data_size": len(answer.outputs[name])}
                 binary.append(answer.outputs[name])
@@ -146,8 +148,9 @@ class Routes:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
         timeout_s = self.sidecar.config.read_timeout_s
         try:
-            return await asyncio.wait_for(request.read(), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):  # a timer on this task, not a task of its own as wait_for's
+                return await request.read()
+        except TimeoutError:
             raise web.HTTPRequestTimeout(reason=f"the request body did not arrive within {timeout_s:g} s") from None
 
     async def _admin_body(self, request: web.Request) -> dict:

@@ -31,7 +31,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("accscale_requests", "Requests by how they ended: met/late (answered within/after "
-                                "the SLO), dropped (slack gone), rejected (refused on arrival), failed, error",
+                                "the SLO), dropped (slack gone), rejected (refused on arrival), shed (refused on "
+                                "arrival: the queue ahead makes its SLO infeasible), failed, error",
                                 ["model", "variant", "outcome"], registry=r)
         self.served_accuracy = Summary("accscale_served_accuracy", "Profiled accuracy of the variant that served "
                                        "each request answered within its SLO", ["model"], registry=r)
@@ -47,6 +48,8 @@ class Metrics:
                                     ["endpoint"], registry=r)
         self.latency_scale = Gauge("accscale_latency_scale", "Measured over profiled batch latency the policy plans "
                                    "with (latency calibration; 1 until measured)", ["model"], registry=r)
+        self.loop_lag = Gauge("accscale_loop_lag_seconds", "How late the event loop runs a ready handler (the "
+                              "recent largest): counted against each arriving request's deadline", registry=r)
         self.worker_failures = Counter("accscale_worker_failures", "Batches lost to a failed worker",
                                        ["endpoint"], registry=r)
 

@@ -52,6 +52,9 @@ class Limits:
     # An SLO beyond this is a client's mistake, not a deadline: 10^16 us would overflow the deadline of
     # the batch it joins, and fail its batch-mates (issue 14). One minute is far above any serving SLO.
     max_slo_us: int = 60_000_000
+    # Rows one request may carry (its batch dimension); each is a query of its own. Bounded so that one
+    # request cannot fill the queue that other clients share (the default queue limit is 1024).
+    max_rows: int = 64
 
 
 @dataclass(frozen=True)
@@ -86,11 +89,21 @@ class OutputIn:
 
 @dataclass(frozen=True)
 class InferRequest:
-    """A checked request: one raw row per input, its SLO and the outputs to return (name, as binary)."""
+    """A checked request: each input's raw bytes (``count`` rows), its SLO and the outputs to return (name, as
+    binary)."""
 
-    rows: dict[str, bytes]
+    inputs: dict[str, bytes]
+    count: int
     slo_us: int
     outputs: tuple[tuple[str, bool], ...]
+
+    def rows(self, model: ModelInfo) -> list[dict[str, bytes]]:
+        """One query's inputs per row."""
+        if self.count == 1:
+            return [self.inputs]
+        sizes = {name: model.inputs[name].row_bytes for name in self.inputs}
+        return [{name: raw[i * sizes[name]:(i + 1) * sizes[name]] for name, raw in self.inputs.items()}
+                for i in range(self.count)]
 
 
 def parse_request(model: ModelInfo, parameters: Mapping[str, object], inputs: Iterable[TensorIn],
@@ -100,23 +113,27 @@ def parse_request(model: ModelInfo, parameters: Mapping[str, object], inputs: It
     binary_default = parameters.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise InvalidRequest(f"parameter 'binary_data_output' must be a boolean, got {quote(binary_default)}")
-    rows: dict[str, bytes] = {}
+    data: dict[str, bytes] = {}
+    count = None
     for tensor in inputs:
         spec = model.inputs.get(tensor.name) if isinstance(tensor.name, str) else None
         if spec is None:
             raise InvalidRequest(f"unexpected input {quote(tensor.name)} for model {quote(model.name)}; inputs are "
                                  f"{sorted(model.inputs)}")
-        if spec.name in rows:
+        if spec.name in data:
             raise InvalidRequest(f"input '{spec.name}' given twice")
-        rows[spec.name] = _row(spec, tensor)
-    missing = sorted(set(model.inputs) - set(rows))
-    if missing:
-        raise InvalidRequest(f"model {quote(model.name)} expects inputs {missing}")
+        data[spec.name], rows = _tensor(spec, tensor, limits.max_rows)
+        if count is not None and rows != count:
+            raise InvalidRequest(f"input '{spec.name}' has {rows} rows, the others {count}")
+        count = rows
+    missing = sorted(set(model.inputs) - set(data))
+    if missing or count is None:
+        raise InvalidRequest(f"model {quote(model.name)} expects inputs {missing or sorted(model.inputs)}")
     if not outputs:  # none named: every output, as Triton answers
         wanted = tuple((name, binary_default) for name in model.outputs)
     else:
         wanted = tuple(_output(model, o, binary_default) for o in outputs)
-    return InferRequest(rows, slo_us, wanted)
+    return InferRequest(data, count, slo_us, wanted)
 
 
 def _slo_us(parameters: Mapping[str, object], default_us: int, max_us: int) -> int:
@@ -132,25 +149,27 @@ def _slo_us(parameters: Mapping[str, object], default_us: int, max_us: int) -> i
     return int(value)
 
 
-def _row(spec: TensorSpec, tensor: TensorIn) -> bytes:
+def _tensor(spec: TensorSpec, tensor: TensorIn, max_rows: int) -> tuple[bytes, int]:
+    """An input's raw bytes and its number of rows (its first dimension)."""
     if tensor.datatype != spec.datatype:
         raise InvalidRequest(f"input '{spec.name}': datatype {quote(tensor.datatype)}, expected {spec.datatype}")
     shape = tensor.shape
     # bool is an int to Python; a shape of [true, 1, 16, 16] is still a malformed one
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise InvalidRequest(f"input '{spec.name}': 'shape' must be a list of integers, got {quote(shape)}")
-    if tuple(shape) != (1, *spec.dims):
-        raise InvalidRequest(f"input '{spec.name}': shape {quote(list(shape))}, expected {[1, *spec.dims]} "
-                             "(the sidecar takes single-sample requests)")
-    raw = tensor.raw if tensor.raw is not None else _encode(spec, tensor.values)
-    if len(raw) != spec.row_bytes:
-        raise InvalidRequest(f"input '{spec.name}': {len(raw)} bytes of data, expected {spec.row_bytes} for shape "
-                             f"{[1, *spec.dims]} {spec.datatype}")
-    return raw
+    if len(shape) != 1 + len(spec.dims) or tuple(shape[1:]) != spec.dims or not 1 <= shape[0] <= max_rows:
+        raise InvalidRequest(f"input '{spec.name}': shape {quote(list(shape))}, expected [rows, "
+                             f"{', '.join(map(str, spec.dims))}] with 1 to {max_rows} rows")
+    rows = shape[0]
+    raw = tensor.raw if tensor.raw is not None else _encode(spec, tensor.values, rows)
+    if len(raw) != spec.row_bytes * rows:
+        raise InvalidRequest(f"input '{spec.name}': {len(raw)} bytes of data, expected {spec.row_bytes * rows} for "
+                             f"shape {list(shape)} {spec.datatype}")
+    return raw, rows
 
 
-def _encode(spec: TensorSpec, values: object) -> bytes:
-    """Typed values (a JSON list, flat or nested, or gRPC contents) -> one row's raw bytes."""
+def _encode(spec: TensorSpec, values: object, rows: int) -> bytes:
+    """Typed values (a JSON list, flat or nested, or gRPC contents) -> the rows' raw bytes."""
     if values is None:
         raise InvalidRequest(f"input '{spec.name}' has no data")
     if isinstance(values, (str, bytes, dict)):
@@ -159,7 +178,7 @@ def _encode(spec: TensorSpec, values: object) -> bytes:
         array = np.asarray(values, dtype=DTYPES[spec.datatype])
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:  # ragged, non-numeric, out of range
         raise InvalidRequest(f"input '{spec.name}': data is not {spec.datatype} values ({quote(str(exc))})") from None
-    count = spec.row_bytes // array.itemsize
+    count = spec.row_bytes // array.itemsize * rows
     if array.size != count:
         raise InvalidRequest(f"input '{spec.name}': {array.size} values, expected {count}")
     return array.tobytes()
@@ -183,5 +202,5 @@ CONTENTS_FIELD = {
 
 
 def from_row_bytes(spec: TensorSpec, raw: bytes) -> list:
-    """One row's raw bytes -> a flat list for a JSON response."""
+    """Rows' raw bytes -> a flat list for a JSON response."""
     return np.frombuffer(raw, dtype=DTYPES[spec.datatype]).tolist()

@@ -23,9 +23,10 @@ from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import Health, Worker
 from scheduler_sidecar.server.config import ModelSpec, SidecarConfig
+from scheduler_sidecar.server.loop_lag import LoopLag
 from scheduler_sidecar.server.memory import trim_freed_memory
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
-from scheduler_sidecar.server.protocol import ModelInfo, quote
+from scheduler_sidecar.server.protocol import InferRequest, ModelInfo, quote
 from scheduler_sidecar.systems import POLICIES, make_policy
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class Sidecar:
         self.driver: LiveDriver | None = None
         self.limits = config.limits
         self._trimmer: asyncio.Task | None = None
+        self.loop_lag = LoopLag()  # what a request waited before its handler ran: counted against its deadline
+        self._lag_probe: asyncio.Task | None = None
         self._admin = asyncio.Lock()  # one policy switch at a time: a RAMSIS one may generate MDPs for seconds
         self._resident: dict[str, frozenset[str]] = {}  # worker url -> Triton models it had ready when added
 
@@ -84,6 +87,8 @@ class Sidecar:
         self.pool.on_change(self._worker_changed)
         self.pool.start()
         self._trimmer = asyncio.get_running_loop().create_task(trim_freed_memory())
+        self._lag_probe = asyncio.get_running_loop().create_task(self.loop_lag.run())
+        self.metrics.loop_lag.set_function(lambda: self.loop_lag.us / 1e6)
         log.info("serving %s over %d worker(s)", sorted(self.models), len(self.pool.workers))
 
     async def _warm_up(self) -> None:
@@ -113,9 +118,10 @@ class Sidecar:
         log.info("warmed up %s with %d request(s) each", sorted(self.models), slots)
 
     async def close(self) -> None:
-        if self._trimmer is not None:
-            self._trimmer.cancel()
-            await asyncio.gather(self._trimmer, return_exceptions=True)
+        for task in (self._trimmer, self._lag_probe):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.driver is not None:
             await self.driver.close()
         await self.pool.close()
@@ -192,9 +198,12 @@ class Sidecar:
             raise UnknownModel(f"Request for unknown model: {quote(name)} version {quote(version)} is not found")
         return info
 
-    async def infer(self, name: str, rows: dict[str, bytes], slo_us: int, budget_us: int | None = None) -> Answer:
-        """Serve one request of a known model (checked with :meth:`model`); raises a RequestError if it fails."""
-        return await self.models[name].infer(rows, slo_us, budget_us)
+    async def infer(self, request: InferRequest, model: ModelInfo, budget_us: int | None = None) -> Answer:
+        """Serve a checked request of a known model (see :meth:`model`), all its rows; raises a RequestError if it
+        fails."""
+        answers = await self.models[model.name].infer_rows(request.rows(model), request.slo_us, budget_us,
+                                                           self.loop_lag.us)
+        return Answer.join(answers)
 
     def ready(self) -> bool:
         return all(self.model_ready(name) for name in self.models)
@@ -221,11 +230,12 @@ class Sidecar:
                                         inputs=tensors(model.inputs), outputs=tensors(model.outputs))
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        """A config that tells clients (perf_analyzer) to send single samples with a batch dimension."""
+        """A batching model's config: a request carries up to ``max_rows`` rows (perf_analyzer sends one by
+        default)."""
         model = self.model(name, version)
         live = self.models[name]
         return mc.ModelConfig(
-            name=name, platform=PLATFORM, max_batch_size=1,
+            name=name, platform=PLATFORM, max_batch_size=self.limits.max_rows,
             input=[mc.ModelInput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.datatype}"), dims=list(t.dims))
                    for t in model.inputs.values()],
             output=[mc.ModelOutput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.datatype}"), dims=list(t.dims))
@@ -286,7 +296,8 @@ class Sidecar:
 
 
 def _options(spec: ModelSpec) -> ModelOptions:
-    return ModelOptions(spec.name, spec.default_slo_us, spec.queue_limit, spec.max_attempts, spec.latency_calibration)
+    return ModelOptions(spec.name, spec.default_slo_us, spec.queue_limit, spec.max_attempts, spec.latency_calibration,
+                        spec.admission)
 
 
 def model_policy(spec: ModelSpec, profile: Profile) -> Policy:
