@@ -75,7 +75,7 @@ def test_overload_bench_accounts_for_every_request_and_loses_none(capsys):
         r = out[phase]
         assert r["sent"] == r["met"] + r["late"] + sum(r["refused"].values()) + r["lost"] > 0
         assert r["lost"] == sum(r["lost_by_cause"].values())
-        assert set(r["refused"]) <= {"DEADLINE_EXCEEDED", "UNAVAILABLE"}  # explicit refusals only
+        assert set(r["refused"]) <= {"DEADLINE_EXCEEDED", "UNAVAILABLE", "RESOURCE_EXHAUSTED"}  # explicit ones only
         assert set(r["details"]) == set(r["refused"]) | {f"lost:{c}" for c in r["lost_by_cause"]}
         assert r["sent_qps"] > 0.8 * r["target_qps"]  # the client kept up
     assert out["overload"]["target_qps"] == pytest.approx(3 * out["capacity_qps"], rel=0.01)
@@ -84,3 +84,17 @@ def test_overload_bench_accounts_for_every_request_and_loses_none(capsys):
     assert sum(out["sidecar_outcomes"].values()) >= out["overload"]["sent"] + out["recovery"]["sent"] - out["lost"]
     assert out["lost"] == 0 and out["false_worker_down"] == 0 and out["worker_down_samples"] == 0
     assert out["peak_rss_mb"] >= out["rss_start_mb"] > 0 and out["queue_samples"] > 0
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_goodput_bench_sheds_what_it_cannot_serve_and_accounts_for_every_request(capsys, tmp_path):
+    out = run_json(capsys, "bench", "goodput", "--concurrency", "16", "--capacity-s", "1", "--factors", "0.5", "3",
+                   "--phase-s", "2", "--plot", str(tmp_path / "g.png"), "--json")
+    low, high = out["points"]
+    for p in (low, high):
+        assert p["sent"] == p["met"] + p["late"] + sum(p["refused"].values()) + p["lost"] > 0 and p["lost"] == 0
+        assert p["goodput_over_capacity"] == pytest.approx(p["goodput_qps"] / out["capacity_qps"], abs=1e-3)
+    # at 3x the queue ahead soon takes more than the SLO: arrivals are refused at admission, by name
+    assert high["refused"].get("RESOURCE_EXHAUSTED", 0) > 0 and high["factor"] == 3
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

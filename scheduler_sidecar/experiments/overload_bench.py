@@ -1,4 +1,5 @@
-"""``accscale bench overload`` and ``accscale bench soak``: the sidecar under more load than it can serve, and for long.
+"""``accscale bench overload``, ``bench goodput`` and ``bench soak``: the sidecar under more load than it can serve,
+goodput against offered load, and a long run.
 
 Both start ``--workers`` Triton servers and the sidecar in front of them, by default on the bench's own
 model: a small convolutional net on 16x16 inputs whose cost grows with every row (about 3 ms a row on
@@ -43,6 +44,11 @@ overload:
   counted the overload's and recovery's requests (its ``accscale_requests_total`` by outcome).
   Targets: 0 lost, 0 false worker-down.
 
+goodput:
+  each of ``--factors`` (0.5 1 1.5 2 3 4) x capacity for ``--phase-s`` (10 s), drained before the next;
+  per factor ``sent_qps``, ``goodput_qps`` (met per second), ``goodput_over_capacity``, ``late`` and
+  ``refused`` by code (RESOURCE_EXHAUSTED: shed at admission). ``--plot FILE`` draws the curve.
+
 soak:
   ``--load`` (0.7) x capacity for ``--duration-s`` (1800 s). Reported: the sidecar's RSS, sampled
   every second (``rss_mb_per_window``: the last sample of each window); ``rss_growth_pct``, from the
@@ -73,6 +79,7 @@ MODEL = "convnet"
 IMAGE_SIZE, CHANNELS, LAYERS, NUM_CLASSES = 16, 96, 8, 10
 LOST_GRACE_S = 30.0  # the client waits this long past the SLO before it calls a request lost
 MET_TARGET = 0.99  # a window of sends counts as recovered at this share met
+GOODPUT_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # bench goodput: offered loads over capacity
 PROFILE_REPEATS = 10
 # what the gRPC library says when the connection failed rather than the server answering
 TRANSPORT_MARKERS = ("failed to connect", "connection refused", "connection reset", "socket closed", "broken pipe",
@@ -104,6 +111,13 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     o.add_argument("--confirm-s", type=float, default=5.0, help="recovery load kept after the first recovered "
                    "window (default 5)")
     o.set_defaults(func=run_overload)
+    g = kinds.add_parser("goodput", parents=[common], help="goodput against offered load, 0.5x to 4x capacity",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("--factors", type=float, nargs="+", default=list(GOODPUT_FACTORS),
+                   help="offered loads over capacity (default: 0.5 1 1.5 2 3 4)")
+    g.add_argument("--phase-s", type=float, default=10.0, help="length of each load (default 10)")
+    g.add_argument("--plot", type=Path, help="write the curve as a PNG here")
+    g.set_defaults(func=run_goodput)
     s = kinds.add_parser("soak", parents=[common], help="a long run below capacity: RSS growth and attainment",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--load", type=float, default=0.7, help="offered load over capacity (default 0.7)")
@@ -497,6 +511,56 @@ def overload(args: argparse.Namespace, progress=lambda msg: None) -> dict:
     }
 
 
+def goodput(args: argparse.Namespace, progress=lambda msg: None) -> dict:
+    """Each factor of capacity offered open loop for ``--phase-s``, one after the other, each drained before the
+    next: per factor, what was sent, met (goodput), late and refused by code, and the goodput over capacity."""
+    slo_s = args.slo_ms / 1e3
+    with deployment(args, progress) as (sidecar, name, _):
+        async def main() -> tuple[dict, list[dict]]:
+            client = Client(sidecar.grpc_url, name, round(slo_s * 1e6))
+            try:
+                capacity = await _capacity(client, args, progress)
+                points = []
+                for factor in args.factors:
+                    phase = Phase(f"{factor:g}x", factor * capacity["capacity_qps"], slo_s)
+                    progress(f"{factor:g} x {capacity['capacity_qps']:.0f}/s for {args.phase_s:g} s")
+                    await client.open(phase, args.phase_s)
+                    await client.drain()
+                    summary = phase.summary()
+                    points.append({"factor": factor, **{k: summary[k] for k in (
+                        "target_qps", "sent_qps", "send_lag_p99_ms", "sent", "met", "late", "goodput_qps",
+                        "refused", "lost")},
+                        "goodput_over_capacity": round(summary["goodput_qps"] / capacity["capacity_qps"], 3)})
+                return capacity, points
+            finally:
+                await client.close()
+
+        capacity, points = asyncio.run(main())
+    return {**capacity, "slo_ms": args.slo_ms, "workers": args.workers, "model": name, "phase_s": args.phase_s,
+            "points": points}
+
+
+def plot_goodput(result: dict, path: Path, label: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    factors = [p["factor"] for p in result["points"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(factors, [p["goodput_over_capacity"] for p in result["points"]], marker="o", label=label or "goodput")
+    ax.plot(factors, [min(f, 1.0) for f in factors], linestyle=":", color="0.5", label="ideal")
+    ax.axhline(0.8, linestyle="--", color="C3", linewidth=0.8, label="goal at 3x: 0.8")
+    ax.set_xlabel(f"offered load / capacity ({result['capacity_qps']:.0f} requests/s)")
+    ax.set_ylabel("goodput / capacity (met within the SLO)")
+    ax.set_ylim(0, 1.1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def soak(args: argparse.Namespace, progress=lambda msg: None) -> dict:
     slo_s = args.slo_ms / 1e3
     warm_s = args.warm_up_s if args.warm_up_s is not None else min(max(60.0, args.duration_s / 10),
@@ -581,6 +645,21 @@ def run_overload(args: argparse.Namespace) -> int:
           f"(request limit {result['max_request_bytes']} B)")
     print(f"lost {result['lost']} (target 0), false worker-down {result['false_worker_down']} (target 0; "
           f"{result['worker_down_samples']} samples with a worker down)")
+    return 0
+
+
+def run_goodput(args: argparse.Namespace) -> int:
+    result = goodput(args, _printer(args))
+    if args.plot:
+        plot_goodput(result, args.plot)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(_capacity_line(result, args.slo_ms))
+    print(f"{'offered':>8} {'sent/s':>8} {'met/s':>8} {'goodput/capacity':>17}  late  refused")
+    for p in result["points"]:
+        print(f"{p['factor']:>7g}x {p['sent_qps']:>8.0f} {p['goodput_qps']:>8.0f} {p['goodput_over_capacity']:>17.3f}"
+              f"  {p['late']:>4}  {p['refused']}")
     return 0
 
 

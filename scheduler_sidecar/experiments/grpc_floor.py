@@ -1,0 +1,78 @@
+"""The least a Python gRPC front end like the sidecar's costs per request: ``bench sidecar --floor``'s server.
+
+``python -m scheduler_sidecar.experiments.grpc_floor --port P --triton URL --mode echo|proxy`` serves
+KServe v2 over ``grpc.aio``, as the sidecar does, with nothing else on the path:
+
+- ``echo``: every ``ModelInfer`` is parsed and answered with the response Triton gave to the first
+  one (the server's own cost: gRPC, protobuf, asyncio);
+- ``proxy``: every ``ModelInfer`` is passed to Triton as it came, one call per request, and its
+  answer passed back (the server's cost plus one Triton call per request, the sidecar's path
+  without the engine, batching, checks or metrics).
+
+Metadata, config and health calls are passed to Triton. The bench measures this process's CPU per
+request as it measures the sidecar's: what the sidecar cannot go below on this runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import grpc
+from tritonclient.grpc import service_pb2_grpc
+
+from scheduler_sidecar.live.workers import CHANNEL_OPTIONS
+
+
+class Floor(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, triton: str, mode: str) -> None:
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.aio.insecure_channel(triton,
+                                                                                         options=CHANNEL_OPTIONS))
+        self.mode = mode
+        self.canned = None
+
+    async def ServerLive(self, request, context):
+        return await self.stub.ServerLive(request)
+
+    async def ServerReady(self, request, context):
+        return await self.stub.ServerReady(request)
+
+    async def ServerMetadata(self, request, context):
+        return await self.stub.ServerMetadata(request)
+
+    async def ModelReady(self, request, context):
+        return await self.stub.ModelReady(request)
+
+    async def ModelMetadata(self, request, context):
+        return await self.stub.ModelMetadata(request)
+
+    async def ModelConfig(self, request, context):
+        return await self.stub.ModelConfig(request)
+
+    async def ModelInfer(self, request, context):
+        if self.mode == "proxy" or self.canned is None:
+            response = await self.stub.ModelInfer(request)
+            self.canned = self.canned or response
+            return response
+        return self.canned
+
+
+async def serve(port: int, triton: str, mode: str) -> None:
+    server = grpc.aio.server()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Floor(triton, mode), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--triton", required=True, help="Triton's gRPC host:port")
+    parser.add_argument("--mode", choices=("echo", "proxy"), required=True)
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.triton, args.mode))
+
+
+if __name__ == "__main__":
+    main()
