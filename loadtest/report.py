@@ -2,7 +2,8 @@
 
 Each RUN is a folder written by ``accscale loadtest`` (``run.json`` + ``requests.csv``).
 The report folder gets ``timeline.png`` (ingest rate, served accuracy, batch size and SLO
-attainment over time, every run overlaid: SuperServe Fig. 8c), ``plane.png`` (SLO
+attainment over time, at the client and, dashed, as the sidecar counted it (its own queue and
+service time within the SLO), every run overlaid: SuperServe Fig. 8c), ``plane.png`` (SLO
 attainment against mean serving accuracy, one point per run: SuperServe Fig. 9),
 ``summary.md`` and ``report.html`` (self-contained: the PNGs are embedded).
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from loadtest.requestlog import RequestLog
 
 COLUMNS = (("run", "run"), ("queries", "queries"), ("slo_attainment", "SLO attainment"),
+           ("server_attainment", "in the sidecar"),
            ("mean_serving_accuracy", "serving acc. (profiled)"), ("measured_accuracy", "measured acc."),
            ("p50_latency_ms", "p50 ms"), ("p99_latency_ms", "p99 ms"), ("errors", "errors"))
 
@@ -51,8 +53,8 @@ def rows(runs: list[Run]) -> list[list[str]]:
     def cell(key: str, value: object) -> str:
         if key == "errors":
             return ", ".join(f"{k}: {v}" for k, v in sorted(value.items())) or "0"
-        if key in ("slo_attainment",):
-            return f"{value:.4f}"
+        if key in ("slo_attainment", "server_attainment"):
+            return "-" if value is None else f"{value:.4f}"
         if key.endswith("accuracy"):
             return f"{100 * value:.2f}%"
         if key.endswith("_ms"):
@@ -73,7 +75,7 @@ def plot_timeline(runs: list[Run], path: Path, bin_s: float) -> None:
     import matplotlib.pyplot as plt
 
     panels = (("ingest_qps", "ingest (q/s)", 1.0), ("served_accuracy", "served accuracy (%)", 100.0),
-              ("mean_batch_size", "batch size", 1.0), ("slo_attainment", "SLO attainment", 1.0))
+              ("mean_batch_size", "batch size", 1.0), ("slo_attainment", "SLO attainment\n(dashed: in sidecar)", 1.0))
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 8.5), sharex=True)
     for i, r in enumerate(runs):
         t = r.log.timeline(bin_s)
@@ -82,6 +84,9 @@ def plot_timeline(runs: list[Run], path: Path, bin_s: float) -> None:
                 continue  # one trace: the ingest curve is the same for every run
             ax.plot(t["time_s"], t[key] * scale, label=r.name, drawstyle="steps-post",
                     color="0.3" if key == "ingest_qps" else f"C{i}")
+        if r.log.summary()["server_attainment"] is not None:  # dashed: the same, as the sidecar counted it
+            axes[-1].plot(t["time_s"], t["server_attainment"], drawstyle="steps-post", color=f"C{i}",
+                          linestyle="--", linewidth=0.8)
     for ax, (_, label, _) in zip(axes, panels):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

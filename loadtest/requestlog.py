@@ -76,6 +76,12 @@ class RequestLog:
     def met(self) -> np.ndarray:
         return self.column("latency_ms") <= self.column("slo_ms")  # NaN (errors) compares False
 
+    @property
+    def met_in_server(self) -> np.ndarray:
+        """Met as the sidecar saw it: its own queue and service time within the SLO (NaN, an error, is not met).
+        Beside :attr:`met`, the gap is what the front end, the event loop and the client cost."""
+        return self.column("queue_ms") + self.column("service_ms") <= self.column("slo_ms")
+
     def summary(self) -> dict[str, object]:
         n = len(self.entries)
         met = self.met
@@ -88,6 +94,9 @@ class RequestLog:
             "met": int(met.sum()),
             "errors": dict(errors),
             "slo_attainment": float(met.mean()) if n else 0.0,
+            # None when no answer carried the sidecar's queue/service times (a replay direct to Triton)
+            "server_attainment": float(self.met_in_server.mean())
+            if n and np.isfinite(self.column("queue_ms")).any() else None,
             "mean_serving_accuracy": float(self.column("accuracy")[met].mean()) if met.any() else 0.0,
             "measured_accuracy": float(np.nanmean(self.column("correct")[met])) if met.any() else 0.0,
             "p50_latency_ms": float(np.percentile(latency[answered], 50)) if answered.any() else None,
@@ -114,6 +123,8 @@ class RequestLog:
             "served_accuracy": mean(self.column("accuracy"), met),
             "mean_batch_size": mean(self.column("batch_size").astype(float), ok),
             "slo_attainment": np.where(count > 0, np.bincount(index, met, bins) / np.maximum(count, 1), np.nan),
+            "server_attainment": np.where(count > 0, np.bincount(index, self.met_in_server, bins)
+                                          / np.maximum(count, 1), np.nan),
         }
 
 

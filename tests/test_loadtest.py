@@ -10,7 +10,7 @@ import pytest
 
 from loadtest import report
 from loadtest.loadtest_cli import loadtest
-from loadtest.requestlog import RequestLog
+from loadtest.requestlog import Entry, RequestLog
 from loadtest.traces import Trace, constant, with_slo
 from scheduler_sidecar.cli import main
 from scheduler_sidecar.live.triton_launcher import TritonServer
@@ -101,7 +101,7 @@ def test_report_has_the_table_and_every_plot(recorded_run, tmp_path):
     text = page.read_text()
     assert "<table>" in text and "slackfit" in text and text.count("data:image/png;base64,") == 2
     summary = (tmp_path / "report" / "summary.md").read_text()
-    assert "| run | queries | SLO attainment" in summary and "| slackfit | 40 | 0.7" in summary
+    assert "| run | queries | SLO attainment | in the sidecar |" in summary and "| slackfit | 40 | 0.7" in summary
     for png in ("timeline.png", "plane.png"):
         assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="not a run folder"):
@@ -173,3 +173,15 @@ def test_demo_in_reduced_form(tmp_path, capsys):
     for policy in ("slackfit", "clipper", "infaas"):
         assert f"| {policy} |" in summary
         assert RequestLog.load(out / policy / "requests.csv").summary()["queries"] == len(Trace.load(out / "trace.txt"))
+
+
+def test_attainment_in_the_sidecar_counts_its_own_queue_and_service_time():
+    """Answered at the client after the SLO but within it in the sidecar: met there only; an error: met nowhere;
+    a log with no sidecar times (direct to Triton) has no sidecar attainment."""
+    entries = [Entry(0, 0.0, 10.0, latency_ms=8.0, status="ok", queue_ms=2.0, service_ms=5.0, correct=1.0),
+               Entry(1, 0.0, 10.0, latency_ms=14.0, status="ok", queue_ms=3.0, service_ms=6.0, correct=1.0),
+               Entry(2, 0.0, 10.0, status="StatusCode.RESOURCE_EXHAUSTED")]
+    summary = RequestLog(entries).summary()
+    assert summary["slo_attainment"] == pytest.approx(1 / 3) and summary["server_attainment"] == pytest.approx(2 / 3)
+    direct = RequestLog([Entry(0, 0.0, 10.0, latency_ms=8.0, status="ok", correct=1.0)])
+    assert direct.summary()["server_attainment"] is None
