@@ -1,4 +1,5 @@
-"""`accscale bench simulator` and `accscale bench optimal-gap`, cut down to a few seconds."""
+"""`accscale bench simulator`, `optimal-gap`, `overload-rules`, `overload` and `goodput`, cut down to a few seconds,
+and the sidecar bench's accounting of sampled stacks."""
 
 from __future__ import annotations
 
@@ -98,3 +99,27 @@ def test_goodput_bench_sheds_what_it_cannot_serve_and_accounts_for_every_request
     # at 3x the queue ahead soon takes more than the SLO: arrivals are refused at admission, by name
     assert high["refused"].get("RESOURCE_EXHAUSTED", 0) > 0 and high["factor"] == 3
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sampled_stacks_are_shared_among_parts_by_their_innermost_named_frame(tmp_path):
+    """py-spy's collapsed stacks: a numpy call inside the driver is the driver's, gRPC's poller thread is gRPC's,
+    a callback on the loop with nothing else named is asyncio's; shares add up to 1."""
+    from scheduler_sidecar.experiments.sidecar_bench import parts
+
+    stacks = tmp_path / "stacks.txt"
+    stacks.write_text(
+        "_run_once (asyncio/base_events.py:1936);_run (asyncio/events.py:80);_run (/x/scheduler_sidecar/live/driver.py:3);"
+        "percentile (numpy/lib/function_base.py:4) 6\n"
+        "_bootstrap (threading.py:1002);run (threading.py:982) 3\n"
+        "_run_once (asyncio/base_events.py:1936);_run (asyncio/events.py:80) 1\n")
+    assert parts(stacks) == {"driver": 0.6, "grpc (poller thread, calls)": 0.3,
+                             "asyncio (with grpc.aio's C callbacks)": 0.1}
+
+
+def test_overload_rules_bench_compares_both_rules_with_admission_off_and_on(capsys):
+    rows = run_json(capsys, "bench", "overload-rules", "--duration-s", "0.5", "--json")
+    assert [(r["rule"], r["admission"]) for r in rows[:4]] == [("serve", False), ("serve", True), ("yield", False),
+                                                              ("yield", True)]
+    for r in rows:
+        assert r["met"] + r["late"] + r["dropped"] + r["rejected"] == r["queries"] > 0
+        assert (r["rejected"] > 0) == r["admission"]  # overload: admission refuses some, and only it does

@@ -38,7 +38,13 @@ class Floor(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self.stub.ServerReady(request)
 
     async def ServerMetadata(self, request, context):
-        return await self.stub.ServerMetadata(request)
+        """Triton's, less the statistics extension, as the sidecar's: perf_analyzer then asks for none, which
+        Triton's own would not match in echo mode."""
+        metadata = await self.stub.ServerMetadata(request)
+        kept = [e for e in metadata.extensions if e != "statistics"]
+        del metadata.extensions[:]
+        metadata.extensions.extend(kept)
+        return metadata
 
     async def ModelReady(self, request, context):
         return await self.stub.ModelReady(request)
