@@ -22,7 +22,8 @@ from loadtest.requestlog import RequestLog
 COLUMNS = (("run", "run"), ("queries", "queries"), ("slo_attainment", "SLO attainment"),
            ("server_attainment", "in the sidecar"),
            ("mean_serving_accuracy", "serving acc. (profiled)"), ("measured_accuracy", "measured acc."),
-           ("p50_latency_ms", "p50 ms"), ("p99_latency_ms", "p99 ms"), ("errors", "errors"))
+           ("p50_latency_ms", "p50 ms"), ("p99_latency_ms", "p99 ms"), ("unseen_p90_ms", "unseen p90 ms"),
+           ("errors", "errors"))
 
 
 @dataclass

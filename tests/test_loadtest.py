@@ -177,11 +177,13 @@ def test_demo_in_reduced_form(tmp_path, capsys):
 
 def test_attainment_in_the_sidecar_counts_its_own_queue_and_service_time():
     """Answered at the client after the SLO but within it in the sidecar: met there only; an error: met nowhere;
-    a log with no sidecar times (direct to Triton) has no sidecar attainment."""
+    the time outside the sidecar is the client's latency less the sidecar's; a log with no sidecar times (direct to
+    Triton) has neither."""
     entries = [Entry(0, 0.0, 10.0, latency_ms=8.0, status="ok", queue_ms=2.0, service_ms=5.0, correct=1.0),
                Entry(1, 0.0, 10.0, latency_ms=14.0, status="ok", queue_ms=3.0, service_ms=6.0, correct=1.0),
                Entry(2, 0.0, 10.0, status="StatusCode.RESOURCE_EXHAUSTED")]
     summary = RequestLog(entries).summary()
     assert summary["slo_attainment"] == pytest.approx(1 / 3) and summary["server_attainment"] == pytest.approx(2 / 3)
+    assert summary["unseen_p90_ms"] == pytest.approx(1.0 + 0.9 * (5.0 - 1.0))  # outside the sidecar: 1 and 5 ms
     direct = RequestLog([Entry(0, 0.0, 10.0, latency_ms=8.0, status="ok", correct=1.0)])
-    assert direct.summary()["server_attainment"] is None
+    assert direct.summary()["server_attainment"] is None and direct.summary()["unseen_p90_ms"] is None

@@ -26,6 +26,11 @@ from scheduler_sidecar.experiments import hybridserve_demo, loki_demo, proteus_d
 log = logging.getLogger(__name__)
 
 POLICIES = ("slackfit", "clipper", "infaas")
+# The demo's client (Locust), Triton and the sidecar share 2 cores: a request's time at the client beyond the
+# sidecar's own queue and service time was 1.96 ms at the median and 6.06 ms at the 90th percentile (issue 26's
+# demo, after the loop lag was counted), against the sidecar's default allowance of 0.3 ms. With 3 ms, SlackFit met
+# 0.9896 of its requests at the client instead of 0.9631; every policy gets the same allowance.
+DEMO_OVERHEAD_US = 3000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--variant-qps", type=float, default=100.0, help="bursty part's mean rate (default: 100)")
     p.add_argument("--cv2", type=float, default=8.0, help="burstiness (CV²) of the bursty part (default: 8)")
     p.add_argument("--slo-ms", type=float, default=36.0, help="every request's SLO (default: 36, SuperServe Fig. 9)")
+    p.add_argument("--overhead-us", type=int, default=DEMO_OVERHEAD_US,
+                   help=f"time per request outside the sidecar's view, taken off every slack (default: "
+                        f"{DEMO_OVERHEAD_US}; the report's 'unseen p90 ms' measures it)")
     p.add_argument("--out", type=Path, help="where runs and the report go (default: runs/demo-<time>)")
     p.set_defaults(func=run)
     systems = p.add_subparsers(dest="system", metavar="SYSTEM", help="another system's live demo (default: "
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     with TritonServer(repository=args.repository, models=[SUPERNET_MODEL]) as triton, \
             SidecarServer(workers=[triton.grpc_url], profile=artifacts.profile_path,
-                          extra_args=["--admin-token", token]) as sidecar:
+                          extra_args=["--admin-token", token, "--overhead-us", str(args.overhead_us)]) as sidecar:
         print(f"triton at {triton.grpc_url}, sidecar at {sidecar.grpc_url} (gRPC) / {sidecar.http_url} (HTTP)")
         for policy in POLICIES:
             _switch_policy(sidecar.http_url, token, policy)
