@@ -29,7 +29,8 @@ Example (every key but ``models[].name``/``profile`` and one ``workers`` entry i
     default_slo_us = 50000     # when a request has no slo_us parameter
     queue_limit = 1024         # queued requests beyond this are refused (UNAVAILABLE)
     max_attempts = 3           # tries per request when workers fail
-    overhead_us = 300          # sidecar time the profile does not include (policies subtract it from slack)
+    overhead_us = 300          # time per request the profile and the sidecar do not see (client, network, front
+                               # end); policies subtract it from slack. A report's "unseen p90 ms" measures it
     latency_calibration = true # re-plan when batches run slower or faster than profiled (see live.py)
     admission = true          # refuse (RESOURCE_EXHAUSTED) a request the queue ahead makes infeasible
     [models.policy_options]
