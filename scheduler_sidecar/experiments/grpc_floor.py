@@ -9,8 +9,8 @@ KServe v2 over ``grpc.aio``, as the sidecar does, with nothing else on the path:
   answer passed back (the server's cost plus one Triton call per request, the sidecar's path
   without the engine, batching, checks or metrics).
 
-Metadata, config and health calls are passed to Triton. The bench measures this process's CPU per
-request as it measures the sidecar's: what the sidecar cannot go below on this runtime.
+Metadata, config, statistics and health calls are passed to Triton. The bench measures this process's CPU per request as it measures the sidecar's: what the
+sidecar cannot go below on this runtime.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Floor(service_pb2_grpc.GRPCInferenceServiceServicer):
                                                                                          options=CHANNEL_OPTIONS))
         self.mode = mode
         self.canned = None
+        self.answered = 0
 
     async def ServerLive(self, request, context):
         return await self.stub.ServerLive(request)
@@ -46,6 +47,15 @@ class Floor(service_pb2_grpc.GRPCInferenceServiceServicer):
         metadata.extensions.extend(kept)
         return metadata
 
+    async def ModelStatistics(self, request, context):
+        """Triton's; in echo mode the inference count is the requests this server answered itself (the bench
+        divides CPU by it)."""
+        stats = await self.stub.ModelStatistics(request)
+        if self.mode == "echo":
+            for model in stats.model_stats:
+                model.inference_count = self.answered
+        return stats
+
     async def ModelReady(self, request, context):
         return await self.stub.ModelReady(request)
 
@@ -56,6 +66,7 @@ class Floor(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self.stub.ModelConfig(request)
 
     async def ModelInfer(self, request, context):
+        self.answered += 1
         if self.mode == "proxy" or self.canned is None:
             response = await self.stub.ModelInfer(request)
             self.canned = self.canned or response

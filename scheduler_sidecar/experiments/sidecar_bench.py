@@ -165,7 +165,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def rows_served(grpc_url: str) -> int:
-    """Rows Triton has run the trivial model on (its inference statistics)."""
+    """Rows Triton has run the trivial model on (its inference statistics; an echo floor's own count)."""
     import tritonclient.grpc as grpcclient
 
     with grpcclient.InferenceServerClient(grpc_url) as client:
@@ -233,16 +233,18 @@ def floor_server(triton_url: str, mode: str, processes: int = 1):
 
 
 def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us: int | None, front_end: str,
-                    triton, sidecar) -> dict:
-    """CPU microseconds per request of the sidecar (when one is in the path) and of Triton, at ``rate``."""
-    rows = rows_served(triton.grpc_url)
+                    triton, sidecar, counted_at: str | None = None) -> dict:
+    """CPU microseconds per request of the sidecar (when one is in the path) and of Triton, at ``rate``; the
+    requests are the rows that ``counted_at``'s statistics count (Triton's by default)."""
+    counted_at = counted_at or triton.grpc_url
+    rows = rows_served(counted_at)
     pids = {"triton": triton.pid, **({"sidecar": sidecar.pid} if sidecar else {})}
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     try:
         result = constant_load(binary, url, window_ms, rate, slo_us, front_end)
     except RuntimeError as exc:
         return {"error": str(exc).rsplit(": ", 1)[-1][:300]}
-    served = rows_served(triton.grpc_url) - rows
+    served = rows_served(counted_at) - rows
     used = {name: round((cpu_seconds(pid) - before[name]) / max(served, 1) * 1e6, 1) for name, pid in pids.items()}
     return {**used, "total": round(sum(used.values()), 1), "requests": served,
             "throughput_qps": result["throughput_qps"]}
@@ -281,7 +283,7 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
                         progress(f"{mode} floor: CPU per request over grpc at {cpu_rate:g} requests/s")
                         with floor_server(triton.grpc_url, mode) as (url, process):
                             cpu.setdefault("floor", {})[mode] = cpu_per_request(
-                                binary, url, window_ms, cpu_rate, None, "grpc", triton, process)
+                                binary, url, window_ms, cpu_rate, None, "grpc", triton, process, counted_at=url)
                     for processes in (1, 2):  # do more front-end processes pay on this machine?
                         with floor_server(triton.grpc_url, "proxy", processes) as (url, _):
                             runs = {}
