@@ -119,13 +119,14 @@ def test_a_client_that_leaves_frees_its_queue_entry():
     asyncio.run(main())
 
 
-def test_a_row_that_breaks_the_model_fails_alone_and_its_batch_mates_are_answered():
-    def poisoned(call: InferCall) -> list[dict[str, bytes]]:
-        x = np.frombuffer(b"".join(call.inputs[0][1]), np.float32)
-        if np.isnan(x).any():
-            raise WorkerFailed("worker a: the model rejects NaN")
-        return compute(call)
+def poisoned(call: InferCall) -> list[dict[str, bytes]]:
+    """:func:`compute`, but a batch with a NaN in it fails, as a model that rejects NaN."""
+    if np.isnan(np.frombuffer(b"".join(call.inputs[0][1]), np.float32)).any():
+        raise WorkerFailed("worker a: the model rejects NaN")
+    return compute(call)
 
+
+def test_a_row_that_breaks_the_model_fails_alone_and_its_batch_mates_are_answered():
     async def main():
         w = FakeWorker("a", compute=poisoned, gate=asyncio.Event())
         driver, (model,) = make_driver(w)
@@ -491,11 +492,6 @@ def test_a_request_s_rows_arrive_together_and_are_answered_together():
 def test_a_request_whose_row_fails_fails_and_its_other_rows_are_withdrawn():
     """One row of a request breaks the model: the request gets that row's error, and its other rows are withdrawn
     (taken off the queue, or their answers discarded)."""
-    def poisoned(call: InferCall) -> list[dict[str, bytes]]:
-        if np.isnan(np.frombuffer(b"".join(call.inputs[0][1]), np.float32)).any():
-            raise WorkerFailed("worker a: the model rejects NaN")
-        return compute(call)
-
     async def main():
         w = FakeWorker("a", compute=poisoned, gate=asyncio.Event())
         driver, (model,) = make_driver(w)

@@ -133,9 +133,13 @@ class Policy(abc.ABC):
         """With DROP, drop every head query whose slack is below ``fastest_us``; None if the head is fine."""
         if self.late_queries is LateQueries.SERVE:
             return None
+        return self.drop_below(now_us, queue, fastest_us)
+
+    def drop_below(self, now_us: int, queue: QueueView, floor_us: int) -> Decision | None:
+        """Drop the head queries whose slack is below ``floor_us`` (the EDF head up to the first above it)."""
         dropped = []
         for query in queue.scan():
-            if self.slack_us(now_us, query) >= fastest_us:
+            if self.slack_us(now_us, query) >= floor_us:
                 break
             dropped.append(query.id)
         return Decision(dropped=tuple(dropped)) if dropped else None

@@ -122,15 +122,11 @@ class SlackFit(HeadSlackPolicy[Buckets]):
     def _yield(self, now_us: int, queue: QueueView, menu: Buckets) -> Decision | None:
         """Drop the head queries below bucket 0 when more are queued than the batch that would serve them."""
         floor_us = menu.buckets[0].latency_us
-        choice = menu.choose(self.slack_us(now_us, queue.peek()))
-        if choice is None or self.slack_us(now_us, queue.peek()) >= floor_us or len(queue) <= choice[1]:
+        slack_us = self.slack_us(now_us, queue.peek())
+        choice = menu.choose(slack_us)
+        if choice is None or slack_us >= floor_us or len(queue) <= choice[1]:
             return None
-        dropped = []
-        for query in queue.scan():
-            if self.slack_us(now_us, query) >= floor_us:
-                break
-            dropped.append(query.id)
-        return Decision(dropped=tuple(dropped))
+        return self.drop_below(now_us, queue, floor_us)
 
     def build_menu(self, device: str) -> Buckets:
         v = min(self.profile.variants, key=lambda v: (self.latency.us(v.id, 1, device), -v.accuracy))
