@@ -497,7 +497,7 @@ class Engine:
         if query.deadline_us >= qt.latest_deadline_us:
             ahead = len(qt.queue)  # the usual case (one SLO): every queued query is ahead
         else:
-            ahead = sum(1 for q in qt.queue.scan() if q.deadline_us <= query.deadline_us)
+            ahead = qt.queue.count_due_by(query.deadline_us)
         capacity = sum(n * self._served_within(qt, device, slack_us) for device, n in self._devices(qt).items())
         if ahead < capacity:
             return None
@@ -505,13 +505,15 @@ class Engine:
                           f"{capacity} in its slo_us of {slack_us}: it cannot be met")
 
     def _served_within(self, qt: QueryType, device: str, slack_us: int) -> int:
-        """The most queries one worker of ``device`` can finish within ``slack_us`` (cached per millisecond)."""
+        """The most queries one worker of ``device`` can finish within ``slack_us``, or a little more (cached per
+        millisecond, rounded up, so that the bound stays optimistic)."""
         latency = qt.policy.latency
-        key = (qt.name, device, latency.version, slack_us // 1000)
+        window_ms = -(-slack_us // 1000)
+        key = (qt.name, device, latency.version, window_ms)
         served = self._capacity.get(key)
         if served is None:
-            window_us = slack_us // 1000 * 1000
-            served = max((b * (window_us // us) for v in qt.policy.profile.variants
+            window_us = window_ms * 1000
+            served = max((b * (window_us // us) for v in qt.policy.profile.variants if device in v.latency
                           for b in v.latency[device].batch_sizes
                           if 0 < (us := latency.us(v.id, b, device)) <= window_us), default=0)
             if len(self._capacity) > 4096:  # many SLOs or latency versions: start again

@@ -62,6 +62,10 @@ class EdfQueue:
             raise IndexError("peek from an empty queue")
         return self._front[0]
 
+    def count_due_by(self, deadline_us: int) -> int:
+        """How many queued queries have a deadline no later than ``deadline_us`` (in O(n), the order untouched)."""
+        return sum(1 for q in self._by_id.values() if q.deadline_us <= deadline_us)
+
     def scan(self) -> Iterator[Query]:
         """Queries in EDF order, fetched lazily; do not modify the queue while scanning."""
         i = 0
