@@ -290,6 +290,8 @@ class LiveDriver:
                     future.cancel()
                     if self._pending.pop(query.id, None) is not None:
                         self._guard(self.engine.cancel, query.id, model.name)
+                else:
+                    future.exception()  # a second failed row's error is the request's too: retrieved, not logged
 
     def set_policy(self, model: str, policy: Policy) -> Policy:
         """Switch a model's policy in place; returns the old one."""
