@@ -175,7 +175,9 @@ def sidecar_config(stamp: Path, profile: Path, mode: str, prune: bool, config: H
             f'prune = {str(prune).lower()}\ninstances = {config.instances}\nrounding = "{config.rounding}"\n'
             f'slowdown = {config.slowdown}\n'
             f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
-            f'default_slo_us = {round(slo_ms * 1000)}\nlatency_calibration = false\n')
+            # admission off: the cascade's simulation (which bench fidelity compares with this deployment) has
+            # none at the cascade's door, and HybridServe's paper serves every request
+            f'default_slo_us = {round(slo_ms * 1000)}\nlatency_calibration = false\nadmission = false\n')
 
 
 def _short(model: str) -> str:

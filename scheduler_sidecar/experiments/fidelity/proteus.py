@@ -222,7 +222,9 @@ def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], lo
     deadline = arrival + np.round(slo_ms * 1000).astype(np.int64)
     order = np.argsort(arrival, kind="stable")
     policies = {m.name: model_policy(m, profiles[m.name]) for m in config.models}
-    result = Simulator(policies, world, planner=planner, plan_delay_us=plan_delay_us).run(
+    # the demo's models share one admission setting (the sidecar's default)
+    result = Simulator(policies, world, planner=planner, plan_delay_us=plan_delay_us,
+                       admission=config.models[0].admission).run(
         arrival[order], deadline[order], names[order].tolist(), start_us=round((asked[0] - origin_s) * 1e6))
     plans = {"live": len(asked), "simulated": planner.plans, "simulated_when_live": sum(matched),
              "live_solve_ms": [round(1000 * d) for d in delays]}

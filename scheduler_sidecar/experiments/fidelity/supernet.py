@@ -62,7 +62,8 @@ def _single_model(args: argparse.Namespace, tmp: Path, progress: Progress, polic
                           progress_s=0 if args.json else 5.0)["summary"]
         server = sidecar_view(sidecar.http_url)
     arrival_us, deadline_us = load_queries(trace_path, args.slo_ms)
-    sim = Simulator(model_policy(spec, profile), SimConfig(workers=args.workers)).run(arrival_us, deadline_us)
+    sim = Simulator(model_policy(spec, profile), SimConfig(workers=args.workers), admission=spec.admission).run(
+        arrival_us, deadline_us)
     return gaps({"system": args.system, "policy": policy, "queries": len(trace), "workers": args.workers,
                  "live_client": client, "live_sidecar": server, "simulated": sim_view(sim.summary())})
 
