@@ -9,8 +9,9 @@ KServe v2 over ``grpc.aio``, as the sidecar does, with nothing else on the path:
   answer passed back (the server's cost plus one Triton call per request, the sidecar's path
   without the engine, batching, checks or metrics).
 
-Metadata, config, statistics and health calls are passed to Triton. The bench measures this process's CPU per request as it measures the sidecar's: what the
-sidecar cannot go below on this runtime.
+Metadata, config, statistics and health calls are passed to Triton. The bench measures this
+process's CPU per request as it measures the sidecar's: what the sidecar cannot go below on this
+runtime.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class Floor(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self.stub.ServerReady(request)
 
     async def ServerMetadata(self, request, context):
-        """Triton's, less the statistics extension, as the sidecar's: perf_analyzer then asks for none, which
-        Triton's own would not match in echo mode."""
+        """Triton's, less the statistics extension, as the sidecar's, so that perf_analyzer asks for no
+        statistics (in echo mode Triton's would not count the requests served)."""
         metadata = await self.stub.ServerMetadata(request)
         kept = [e for e in metadata.extensions if e != "statistics"]
         del metadata.extensions[:]
