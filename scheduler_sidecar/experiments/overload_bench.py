@@ -1,7 +1,7 @@
 """``accscale bench overload``, ``bench goodput`` and ``bench soak``: the sidecar under more load than it can serve,
 goodput against offered load, and a long run.
 
-Both start ``--workers`` Triton servers and the sidecar in front of them, by default on the bench's own
+Each starts ``--workers`` Triton servers and the sidecar in front of them, by default on the bench's own
 model: a small convolutional net on 16x16 inputs whose cost grows with every row (about 3 ms a row on
 one core), profiled directly in this run. Its capacity is modest (a few hundred requests a second), so
 that this process's own gRPC client can offer three times it on a 2-core machine that also runs Triton
@@ -540,7 +540,7 @@ def goodput(args: argparse.Namespace, progress=lambda msg: None) -> dict:
             "points": points}
 
 
-def plot_goodput(result: dict, path: Path, label: str = "") -> None:
+def plot_goodput(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -548,7 +548,7 @@ def plot_goodput(result: dict, path: Path, label: str = "") -> None:
 
     factors = [p["factor"] for p in result["points"]]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(factors, [p["goodput_over_capacity"] for p in result["points"]], marker="o", label=label or "goodput")
+    ax.plot(factors, [p["goodput_over_capacity"] for p in result["points"]], marker="o", label="goodput")
     ax.plot(factors, [min(f, 1.0) for f in factors], linestyle=":", color="0.5", label="ideal")
     ax.axhline(0.8, linestyle="--", color="C3", linewidth=0.8, label="goal at 3x: 0.8")
     ax.set_xlabel(f"offered load / capacity ({result['capacity_qps']:.0f} requests/s)")
