@@ -80,6 +80,7 @@ async def serve(port: int, triton: str, mode: str) -> None:
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Floor(triton, mode), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
+    print("listening", flush=True)  # what the bench waits for, from every process sharing the port
     await server.wait_for_termination()
 
 

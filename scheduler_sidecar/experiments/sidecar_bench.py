@@ -202,8 +202,6 @@ def floor_server(triton_url: str, mode: str, processes: int = 1):
     SO_REUSEPORT, so the kernel spreads connections over them); yields its gRPC URL and first process."""
     import socket
 
-    import tritonclient.grpc as grpcclient
-
     from scheduler_sidecar.live.die_with_parent import wrap
 
     with socket.socket() as probe:
@@ -211,20 +209,12 @@ def floor_server(triton_url: str, mode: str, processes: int = 1):
         port = probe.getsockname()[1]
     procs = [subprocess.Popen(wrap([sys.executable, "-m", "scheduler_sidecar.experiments.grpc_floor", "--port",
                                     str(port), "--triton", triton_url, "--mode", mode]),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(processes)]
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(processes)]
     url = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with grpcclient.InferenceServerClient(url) as client:
-                    if client.is_server_live():
-                        break
-            except Exception:  # not listening yet
-                if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                    raise RuntimeError(f"the {mode} floor server did not start") from None
-                time.sleep(0.2)
-        time.sleep(1.0 if processes > 1 else 0.0)  # the others bind too
+        for p in procs:  # each says so once it listens; one that failed to start ends its output instead
+            if p.stdout.readline().strip() != "listening":
+                raise RuntimeError(f"the {mode} floor server did not start")
         yield url, _Process(procs[0].pid)
     finally:
         for p in procs:
