@@ -75,6 +75,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scheduler_sidecar.experiments.sidecar_bench import cpu_seconds
+
 MODEL = "convnet"
 IMAGE_SIZE, CHANNELS, LAYERS, NUM_CLASSES = 16, 96, 8, 10
 LOST_GRACE_S = 30.0  # the client waits this long past the SLO before it calls a request lost
@@ -314,7 +316,7 @@ class Watch:
 
         self._psutil = psutil
         self._sidecar = psutil.Process(sidecar_pid)
-        self._tritons = [psutil.Process(pid) for pid in triton_pids]
+        self._triton_pids = triton_pids
         self._url = f"http://{http_url}/metrics"
         self._interval_s = interval_s
         self.rss: list[tuple[float, float]] = []  # (time s, MiB)
@@ -356,19 +358,10 @@ class Watch:
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far of this process (the client), the sidecar, Triton with its children, and the
         machine (busy time of every core), with the wall clock."""
-        def seconds(process) -> float:
-            with contextlib.suppress(self._psutil.Error):
-                t = process.cpu_times()
-                return t.user + t.system
-            return 0.0
-
-        triton = 0.0
-        for process in self._tritons:
-            with contextlib.suppress(self._psutil.Error):
-                triton += seconds(process) + sum(seconds(c) for c in process.children(recursive=True))
+        client = self._psutil.Process().cpu_times()  # this process alone: its children are the servers
         machine = self._psutil.cpu_times()
-        return {"wall": time.perf_counter(), "client": seconds(self._psutil.Process()),
-                "sidecar": seconds(self._sidecar), "triton": triton,
+        return {"wall": time.perf_counter(), "client": client.user + client.system,
+                "sidecar": cpu_seconds(self._sidecar.pid), "triton": sum(cpu_seconds(pid) for pid in self._triton_pids),
                 "machine": sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)}
 
     def __enter__(self) -> Watch:

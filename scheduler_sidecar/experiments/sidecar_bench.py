@@ -152,15 +152,17 @@ def perf_analyzer(binary: Path, url: str, window_ms: int, load: list[str], slo_u
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads and its children (Triton's backend stubs)."""
+    """User + system CPU seconds of a process, all its threads and its children (Triton's backend stubs); 0 for a
+    process that is gone."""
     import psutil
 
-    process = psutil.Process(pid)
     total = 0.0
-    for p in (process, *process.children(recursive=True)):
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
+    with contextlib.suppress(psutil.Error):
+        process = psutil.Process(pid)
+        for p in (process, *process.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
     return total
 
 
