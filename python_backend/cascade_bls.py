@@ -31,25 +31,29 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from python_backend.bls import (
+    REQUEST_ERRORS,
+    BlsConfig,
+    error_response,
+    infer,
+    number,
+    request_options,
+    request_plan,
+)
 from python_backend.cascade import ANSWER, CONFIDENT, EARLY, LAST, confidence, route
 
-PLAN_FILE = "plan.json"
 MAX_BATCH = 32  # a model's largest profiled batch
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.models = json.loads(params.get("models", "[]"))
-        self.index = {m: i for i, m in enumerate(self.models)}
-        plan_file = Path(args["model_repository"]) / args["model_version"] / PLAN_FILE
-        self.default_plan = self._check(json.loads(plan_file.read_text())) if plan_file.exists() else None
+        config = BlsConfig(args)
+        self.models, self.index = config.models, config.index
+        self.default_plan = None if config.deployed_plan is None else self._check(config.deployed_plan)
 
     def execute(self, requests: list) -> list:
         start = time.perf_counter()
@@ -57,16 +61,13 @@ class TritonPythonModel:
         groups: dict[str, list] = {}  # plan (as JSON) -> [(request, row offset, inputs, budget)]
         for i, request in enumerate(requests):
             try:
-                options = json.loads(request.parameters() or "{}")
-                plan = options.get("cascade_plan", self.default_plan)
-                if plan is None:
-                    raise ValueError("no plan: send the parameter cascade_plan or deploy plan.json")
-                plan = self._check(json.loads(plan) if isinstance(plan, str) else plan)
+                options = request_options(request)
+                plan = self._check(request_plan(options, "cascade_plan", self.default_plan))
                 budget = float(options.get("budget_ms", math.inf))
                 if math.isnan(budget):
                     raise ValueError("budget_ms must be a number")
                 x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
-            except (ValueError, TypeError, KeyError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+            except REQUEST_ERRORS as exc:
                 errors[i] = f"{type(exc).__name__}: {exc}"
                 continue
             groups.setdefault(json.dumps(plan, sort_keys=True), []).append((i, x, budget))
@@ -76,8 +77,7 @@ class TritonPythonModel:
                 self._run(json.loads(key), members, answers, start)
             except pb_utils.TritonModelException as exc:  # a model failed: its group's requests are told
                 errors.update((i, f"a cascade model failed: {exc}") for i, _, _ in members)
-        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[i], pb_utils.TritonError.INVALID_ARG))
-                if i in errors else pb_utils.InferenceResponse(output_tensors=[
+        return [error_response(errors[i]) if i in errors else pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, array) for name, array in zip(("LABEL", "MODEL", "CONFIDENCE", "REASON"),
                                                                          answers[i])])
                 for i in range(len(requests))]
@@ -95,14 +95,14 @@ class TritonPythonModel:
             raise ValueError(f"the plan's models must be distinct models of this cascade {self.models}, "
                              f"got {models}")
         if not isinstance(thresholds, list) or len(thresholds) != len(models) - 1 or not all(
-                _number(t) and 0 <= t <= 1 for t in thresholds):
+                number(t) and 0 <= t <= 1 for t in thresholds):
             raise ValueError(f"the plan needs {len(models) - 1} thresholds in [0, 1]")
         temperatures = plan.get("temperatures", {})
-        if not isinstance(temperatures, dict) or not all(_number(temperatures.get(m)) and temperatures[m] > 0
+        if not isinstance(temperatures, dict) or not all(number(temperatures.get(m)) and temperatures[m] > 0
                                                          for m in models):
             raise ValueError("the plan needs a positive temperature for each of its models")
         exec_ms = plan.get("exec_ms", {})
-        if not isinstance(exec_ms, dict) or not all(_number(v) and v >= 0 for v in exec_ms.values()):
+        if not isinstance(exec_ms, dict) or not all(number(v) and v >= 0 for v in exec_ms.values()):
             raise ValueError("the plan's exec_ms must map models to times >= 0")
         if not isinstance(plan.get("skip", False), bool):
             raise ValueError("the plan's skip must be true or false")
@@ -119,7 +119,7 @@ class TritonPythonModel:
             rows = np.flatnonzero(at == i)
             if not len(rows):
                 continue
-            labels, c = confidence(self._infer(name, x[rows]), plan["temperatures"][name])
+            labels, c = confidence(infer(name, x[rows], MAX_BATCH), plan["temperatures"][name])
             onward = route(i, c, np.asarray(plan["thresholds"][i] if i < last else 0.0), last, plan["skip"])
             elapsed_ms = (time.perf_counter() - start) * 1000
             nxt_ms = np.array([plan["exec_ms"].get(models[j], 0.0) if j != ANSWER else 0.0 for j in onward])
@@ -133,20 +133,3 @@ class TritonPythonModel:
             part = slice(offset, offset + len(inputs))
             answers[i] = tuple(a[part, None] for a in (label, model, conf, reason))
             offset += len(inputs)
-
-    @staticmethod
-    def _infer(model: str, x: np.ndarray) -> np.ndarray:
-        """``model``'s LOGITS for ``x``, in batches of at most MAX_BATCH."""
-        out = []
-        for chunk in np.array_split(x, -(-len(x) // MAX_BATCH)):
-            request = pb_utils.InferenceRequest(model_name=model, requested_output_names=["LOGITS"],
-                                                inputs=[pb_utils.Tensor("INPUT", chunk)])
-            response = request.exec()
-            if response.has_error():
-                raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
-            out.append(pb_utils.get_output_tensor_by_name(response, "LOGITS").as_numpy())
-        return np.concatenate(out)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -60,15 +60,22 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from python_backend.bls import (
+    REQUEST_ERRORS,
+    BlsConfig,
+    error_response,
+    infer,
+    number,
+    request_options,
+    request_plan,
+)
 from python_backend.loki_routing import DROP_MODES, Allowance, Choice, next_hop, too_late
 from python_backend.pipeline import MAX_OBJECTS, crops, decode
 
-PLAN_FILE = "plan.json"
 KIND_TASK = {0: "digits", 1: "shapes"}
 MAX_ALLOWANCES = 4  # the plans a sidecar may still send while its Tritons load the newest (its MAX_PLANS)
 
@@ -97,15 +104,12 @@ class Crop:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.scripted = params.get("scripted_delays") == "1"
-        plan_file = Path(args["model_repository"]) / args["model_version"] / PLAN_FILE
-        self.default_plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
-        self.rng = np.random.default_rng(int(params.get("seed", "0")))
-        self.models = json.loads(params.get("models", "[]"))
-        self.index = {m: i for i, m in enumerate(self.models)}
-        self.instances = sum(int(g.get("count", 1)) for g in config.get("instance_group", ())) or 1
+        config = BlsConfig(args)
+        self.scripted = config.params.get("scripted_delays") == "1"
+        self.default_plan = config.deployed_plan
+        self.rng = np.random.default_rng(int(config.params.get("seed", "0")))
+        self.models, self.index = config.models, config.index
+        self.instances = sum(int(g.get("count", 1)) for g in config.config.get("instance_group", ())) or 1
         self._allowances: dict[str, Allowance] = {}  # the plan's backups (JSON) -> this instance's share
 
     def execute(self, requests: list) -> list:
@@ -114,22 +118,17 @@ class TritonPythonModel:
         for request in requests:
             try:
                 answers.append(self._frames(request))
-            except (ValueError, TypeError, KeyError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+            except REQUEST_ERRORS as exc:
                 answers.append(f"{type(exc).__name__}: {exc}")
         try:
             self._run([f for a in answers if not isinstance(a, str) for f in a], start)
         except pb_utils.TritonModelException as exc:  # a stage model failed: every frame of the batch is told
             answers = [a if isinstance(a, str) else f"a pipeline stage failed: {exc}" for a in answers]
-        return [pb_utils.InferenceResponse(error=pb_utils.TritonError(a, pb_utils.TritonError.INVALID_ARG))
-                if isinstance(a, str) else self._response(a) for a in answers]
+        return [error_response(a) if isinstance(a, str) else self._response(a) for a in answers]
 
     def _frames(self, request) -> list[Frame]:
-        options = json.loads(request.parameters() or "{}")
-        plan = options.get("loki_plan", self.default_plan)
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        if plan is None:
-            raise ValueError("no plan: send the parameter loki_plan or deploy plan.json")
+        options = request_options(request)
+        plan = request_plan(options, "loki_plan", self.default_plan)
         self._check(plan)
         # copies, here and of the stage models' outputs: a tensor's array may be a view of the stub's shared memory,
         # which it reuses while this execution calls the stage models (a test saw crops labelled from other pixels)
@@ -159,12 +158,12 @@ class TritonPythonModel:
                 if task not in ("detect", *KIND_TASK.values()) or not isinstance(table, list) or not table:
                     raise ValueError(f"the plan's table {source} -> {task!r} is empty or names no task")
                 for model, weight in table:
-                    if not _number(weight) or not weight >= 0:
+                    if not number(weight) or not weight >= 0:
                         raise ValueError(f"the plan's weight for {model!r} must be a number >= 0")
                     (detectors if task == "detect" else classifiers).add(model)
         for backups in plan.get("backups", {}).values():
             for model, spare in backups:
-                if not _number(spare) or not spare >= 0:
+                if not number(spare) or not spare >= 0:
                     raise ValueError(f"the plan's spare capacity of backup {model!r} must be a number >= 0")
                 classifiers.add(model)
         unknown = (detectors | classifiers) - set(self.index)
@@ -173,7 +172,7 @@ class TritonPythonModel:
         for detector in {m for m, _ in frontend}:
             if any(not tables.get(detector, {}).get(task) for task in KIND_TASK.values()):
                 raise ValueError(f"the plan has no table from {detector!r} to each of {list(KIND_TASK.values())}")
-        for key, models, valid in (("budget_ms", detectors, _number), ("exec_ms", classifiers, _number),
+        for key, models, valid in (("budget_ms", detectors, number), ("exec_ms", classifiers, number),
                                    ("batch", detectors | classifiers, _whole)):
             missing = [m for m in models if not valid(plan.get(key, {}).get(m))]
             if missing:
@@ -201,7 +200,7 @@ class TritonPythonModel:
         queues: dict[tuple[str, int], list[Crop]] = {}  # (classifier, its planned batch) -> the crops sent there
         for (detector, batch), group in by_detector.items():
             for chunk in chunks(group, batch):
-                heat = self._infer(detector, np.stack([f.pixels for f in chunk]))
+                heat = infer(detector, np.stack([f.pixels for f in chunk]))
                 if self.scripted:
                     time.sleep(max(f.delay_ms for f in chunk) / 1000)
                 inside_ms = (time.perf_counter() - start) * 1000
@@ -249,7 +248,7 @@ class TritonPythonModel:
             chunk, queue = queue[:batch], queue[batch:]
             if not chunk:
                 break
-            labels = self._infer(model, np.stack([c.patch for c in chunk])).argmax(axis=1)
+            labels = infer(model, np.stack([c.patch for c in chunk])).argmax(axis=1)
             for c, label in zip(chunk, labels):
                 row, col, kind = (int(v) for v in c.detection)
                 c.frame.objects.append({"row": row, "col": col, "kind": kind, "label": int(label), "model": model,
@@ -277,16 +276,6 @@ class TritonPythonModel:
         weights = np.array([p for _, p in table], dtype=float)
         return models[int(self.rng.choice(len(models), p=weights / weights.sum()))] if len(models) > 1 else models[0]
 
-    @staticmethod
-    def _infer(model: str, x: np.ndarray) -> np.ndarray:
-        """``model``'s LOGITS for the batch ``x``."""
-        request = pb_utils.InferenceRequest(model_name=model, requested_output_names=["LOGITS"],
-                                            inputs=[pb_utils.Tensor("INPUT", x.astype(np.float32))])
-        response = request.exec()
-        if response.has_error():
-            raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
-        return pb_utils.get_output_tensor_by_name(response, "LOGITS").as_numpy().copy()
-
 
 def per_row(options: dict, key: str, rows: int, default: float, worst: Callable[[Sequence[float]], float]
             ) -> list[float]:
@@ -300,7 +289,7 @@ def per_row(options: dict, key: str, rows: int, default: float, worst: Callable[
     if key not in options:
         return [default] * rows
     values = json.loads(options[key]) if isinstance(options[key], str) else options[key]
-    if not isinstance(values, list) or not all(_number(v) for v in values):
+    if not isinstance(values, list) or not all(number(v) for v in values):
         raise ValueError(f"{key} must be a JSON list of numbers, one per frame")
     if len(values) < rows:
         raise ValueError(f"{key} has {len(values)} numbers for {rows} frames")
@@ -309,10 +298,6 @@ def per_row(options: dict, key: str, rows: int, default: float, worst: Callable[
 
 def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _whole(value: object, least: int = 1) -> bool:
