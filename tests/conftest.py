@@ -49,7 +49,7 @@ def fast_build(tmp_path_factory: pytest.TempPathFactory) -> FastBuild:
 @pytest.fixture(scope="session")
 def triton(fast_build: FastBuild):
     """A real tritonserver on free loopback ports serving the fast build's repository."""
-    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from scheduler_sidecar.processes.triton_launcher import TritonServer
 
     with TritonServer(repository=fast_build.repository) as server:
         yield server
@@ -62,3 +62,26 @@ def hybridserve_family():
     from scheduler_sidecar.systems.hybridserve.family import Family
 
     return Family.load(build(REPO_ROOT / DEFAULT_BUILD_DIR / "hybridserve"))
+
+
+# --------------------------------------------------------------------------- every test that starts Triton says so
+_running: list[pytest.Item] = []  # the test being set up or run (a session fixture starts inside its first user)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[:] = [item]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test that starts tritonserver without the ``triton`` marker fails (``-m 'not triton'`` must mean it)."""
+    from scheduler_sidecar.processes.triton_launcher import TritonServer
+
+    start = TritonServer.start
+
+    def checked(self) -> None:
+        if _running and _running[0].get_closest_marker("triton") is None:
+            pytest.fail(f"{_running[0].nodeid} starts tritonserver: mark it @pytest.mark.triton")
+        start(self)
+
+    TritonServer.start = checked

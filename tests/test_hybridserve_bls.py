@@ -14,11 +14,11 @@ from tritonclient.utils import InferenceServerException
 
 from export import repository
 from python_backend.cascade import CONFIDENT, EARLY, LAST
-from scheduler_sidecar.live.triton_launcher import TritonServer
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 from scheduler_sidecar.systems.hybridserve.cascade import Cascade, answered_by
 from scheduler_sidecar.systems.hybridserve.search import search
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.triton]
 BLS = "cascade"
 
 

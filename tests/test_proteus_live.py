@@ -3,15 +3,13 @@ device kinds; the sidecar places one variant per server through model control an
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
-from scheduler_sidecar.live.triton_launcher import TritonServer
-from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.processes.sidecar import SidecarServer
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -94,7 +92,6 @@ def test_proteus_places_one_variant_per_device_and_serves_both_types(deployment,
         assert [len(p) for p in placed] == [1, 1], placed
         assert {next(iter(p)).split("_static")[0] for p in placed} == {"digits", "second"}  # one per type
         served: dict[str, set[str]] = {q: set() for q in FAMILIES}
-        started = time.monotonic()
         for i, x in enumerate(images):
             query_type = list(FAMILIES)[i % 2]
             result = client.infer(query_type, [grpc_input(x[None])], parameters=SLO)
@@ -106,7 +103,6 @@ def test_proteus_places_one_variant_per_device_and_serves_both_types(deployment,
             with grpcclient.InferenceServerClient(host.grpc_url) as direct:
                 expected = direct.infer(model, [grpc_input(x[None])]).as_numpy("LOGITS")
             np.testing.assert_allclose(result.as_numpy("LOGITS"), expected, rtol=1e-4, atol=1e-4)
-        assert time.monotonic() - started < 60
         assert all(served.values())
         log = server.log_path.read_text()
         assert "first plan placed" in log and "Traceback" not in log, log
