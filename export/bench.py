@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR, PRESETS, get_preset
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads: int) -> dict:
-    from export.artifacts import Artifacts
-    from export.profiler import SUPERNET_MODEL, export_static, export_supernet
-    from export.repository import static_model_name
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.live.triton_launcher import TritonServer
+    from export.artifacts import Artifacts  # lazy: onnx, torch
+    from export.profiler import SUPERNET_MODEL, export_static, export_supernet  # lazy: onnx, torch
+    from export.repository import static_model_name  # lazy: onnx, torch
 
     artifacts = Artifacts(preset, build_dir)
     if not artifacts.profile_path.exists():
@@ -123,7 +123,7 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
 
 def _exec_ratios(client, chosen, x: np.ndarray, repeats: int, supernet: str) -> dict[str, float]:
     """Median supernet latency over median static latency, per subnet, calls interleaved."""
-    from export.repository import static_model_name
+    from export.repository import static_model_name  # lazy: onnx, torch
 
     ratios = {}
     for c in chosen:
@@ -140,19 +140,19 @@ def _exec_ratios(client, chosen, x: np.ndarray, repeats: int, supernet: str) -> 
 
 
 def _images(image_size: int) -> np.ndarray:
-    from export import data
+    from export import data  # lazy: torch
 
     return np.ascontiguousarray(data.load(image_size)["heldout"].images[:16])
 
 
 def _client(server):
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
     return grpcclient.InferenceServerClient(server.grpc_url)
 
 
 def _infer(client, model: str, x: np.ndarray, row: tuple[int, ...] | None = None) -> np.ndarray:
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
     inputs = [grpcclient.InferInput("INPUT", list(x.shape), "FP32")]
     inputs[0].set_data_from_numpy(x)
@@ -177,7 +177,7 @@ def _wait_unloaded(client, name: str, timeout_s: float = 30.0) -> None:
 
 def _pss_bytes(pid: int) -> int:
     """PSS of a process and all its descendants (the python-backend stubs)."""
-    import psutil
+    import psutil  # lazy: psutil
 
     root = psutil.Process(pid)
     return sum(p.memory_full_info().pss for p in [root, *root.children(recursive=True)])

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from export import repository, small_nets
+from export.data import distort, upscale
 from export.profiler import percentile, time_rounds
 from python_backend.emulation import write_latency
 from python_backend.runners import MODEL_FILE, make_session
@@ -69,9 +70,8 @@ def split_sources(count: int) -> dict[str, np.ndarray]:
 
 def mixed(images: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(each image at a difficulty drawn by MIX, the difficulty's index)."""
-    import torch
+    import torch  # lazy: torch
 
-    from export.data import distort
 
     kind = rng.choice(len(DIFFICULTIES), size=len(images), p=MIX)
     out = np.empty_like(images)
@@ -88,9 +88,8 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
     stamp = folder / "cascade.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("recipe_key") == recipe.key():
         return stamp
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # lazy: sklearn
 
-    from export.data import upscale
 
     log.info("building HybridServe's model family into %s", folder)
     digits = load_digits()

@@ -14,6 +14,7 @@ from export.presets import (
     PROFILE_REPEATS,
     get_preset,
 )
+from scheduler_sidecar.core.profile import Profile
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from export.artifacts import Artifacts
-    from export.profiler import export_supernet
+    from export.artifacts import Artifacts  # lazy: ctypes, google, onnx, torch
+    from export.profiler import export_supernet  # lazy: ctypes, google, onnx, torch
 
     artifacts = Artifacts(get_preset(args.preset), args.build_dir)
     act = artifacts.supernet()
@@ -100,9 +101,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from export.artifacts import Artifacts
-    from export.profiler import export_static, export_supernet
-    from scheduler_sidecar.core.profile import Profile
+    from export.artifacts import Artifacts  # lazy: ctypes, google, onnx, torch
+    from export.profiler import export_static, export_supernet  # lazy: ctypes, google, onnx, torch
 
     artifacts = Artifacts(get_preset(args.preset), args.build_dir)
     act = artifacts.supernet()

@@ -57,8 +57,8 @@ class Split:
 @lru_cache(maxsize=4)
 def load(image_size: int = 16) -> dict[str, Split]:
     """``{"train": Split, "heldout": Split}``; deterministic for a given ``image_size``."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from sklearn.datasets import load_digits  # lazy: sklearn
+    from sklearn.model_selection import train_test_split  # lazy: sklearn
 
     digits = load_digits()
     images = upscale(digits.images.astype(np.float32) / 16.0, image_size)

@@ -30,7 +30,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from export import repository
-from export.profiler import percentile, time_rounds
+from export.artifacts import Artifacts
+from export.presets import get_preset
+from export.profiler import export_static, percentile, time_rounds
 from python_backend.emulation import write_latency
 from python_backend.runners import MODEL_FILE, make_session
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant, pareto_front
@@ -48,8 +50,8 @@ RECIPE = {"batch_sizes": BATCH_SIZES, "mlps": MLP_VARIANTS, "epochs": EPOCHS, "s
 
 def tabular(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x_train, y_train, x_test, y_test) of a scikit-learn dataset, split once in half, stratified."""
-    from sklearn.datasets import load_breast_cancer, load_wine
-    from sklearn.model_selection import train_test_split
+    from sklearn.datasets import load_breast_cancer, load_wine  # lazy: sklearn
+    from sklearn.model_selection import train_test_split  # lazy: sklearn
 
     loaders = {"wine": load_wine, "cancer": load_breast_cancer}
     x, y = loaders[name](return_X_y=True)
@@ -61,7 +63,7 @@ def tabular(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 def train_mlp(x: np.ndarray, y: np.ndarray, hidden: Sequence[int], seed: int = SPLIT_SEED) -> list[tuple]:
     """A ReLU MLP trained full-batch with Adam; its layers as (weight [out, in], bias), standardisation folded
     into the first one."""
-    import torch
+    import torch  # lazy: torch
 
     torch.manual_seed(seed)
     mean, std = x.mean(axis=0), x.std(axis=0) + 1e-6
@@ -121,10 +123,6 @@ def _variants(members: list[tuple[str, str, float, LatencyCurve]], kinds: Mappin
 
 
 def _digits(repo: Path, build_dir: Path) -> list[tuple[str, str, float, LatencyCurve]]:
-    from export.artifacts import Artifacts
-    from export.presets import get_preset
-    from export.profiler import export_static
-
     artifacts = Artifacts(get_preset("fast"), build_dir)
     act = artifacts.supernet()
     candidates = list(artifacts.calibration(act).candidates)
@@ -140,7 +138,7 @@ def _digits(repo: Path, build_dir: Path) -> list[tuple[str, str, float, LatencyC
 
 
 def _mlps(name: str, repo: Path) -> list[tuple[str, str, float, LatencyCurve]]:
-    from sklearn.feature_selection import f_classif
+    from sklearn.feature_selection import f_classif  # lazy: sklearn
 
     x_train, y_train, x_test, y_test = tabular(name)
     features = x_train.shape[1]

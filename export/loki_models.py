@@ -31,6 +31,7 @@ from export import repository, small_nets
 from export.profiler import percentile, time_rounds
 from export.scenes import DIGIT, SHAPE, Scenes, generate, heatmap_targets
 from export.small_nets import cnn, to_onnx
+from python_backend.emulation import write_latency
 from python_backend.pipeline import components, crops, decode
 from python_backend.runners import MODEL_FILE, make_session
 
@@ -63,7 +64,7 @@ RECIPES = {"full": Recipe(),
 
 # ---------------------------------------------------------------------- networks
 def _detector(channels: tuple[int, int]):
-    import torch.nn as nn
+    import torch.nn as nn  # lazy: torch
 
     a, b = channels
     return nn.Sequential(nn.Conv2d(1, a, 3, 2, 1), nn.ReLU(), nn.Conv2d(a, b, 3, 2, 1), nn.ReLU(),
@@ -178,8 +179,6 @@ def _measure(heldout: Scenes, detections: dict[str, list[np.ndarray]], models: d
 
 def _profile(m: dict, repeats: int) -> dict[str, list[float]]:
     """p50 and p99 per batch size of BATCH_SIZES: onnxruntime (one thread), or the classical detector in numpy."""
-    from python_backend.emulation import write_latency
-
     if m.get("session") is None and (m["dir"] / "1" / MODEL_FILE).exists():
         m["session"] = make_session(m["dir"] / "1" / MODEL_FILE, 1)
     session = m.get("session")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from python_backend.control import ControlLayout
+from scheduler_sidecar.errors import ConfigError
 
 DEFAULT_BUILD_DIR = Path("build")  # trained weights, calibration and profiles, per preset
 DEFAULT_REPOSITORY = Path("model_repository")  # the Triton model repository operators mount
@@ -93,5 +94,5 @@ PRESETS: dict[str, Preset] = {
 
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name]

@@ -44,6 +44,7 @@ from export.train import Preset, random_subnet
 from python_backend.control import ControlError, ControlLayout
 from python_backend.runners import SubnetTable, SupernetRunner
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant, pareto_front
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ def static_logits(static: nn.Module, images: np.ndarray, chunk: int = 256) -> np
     The same numbers as the torch module (to float rounding) at about three times the speed
     of torch's CPU convolutions here, which is most of what a search costs.
     """
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: onnxruntime
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
@@ -279,7 +280,7 @@ def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_si
             runner = SupernetRunner(version_dir)
             infer: Callable[[np.ndarray, np.ndarray], object] = runner.infer
         else:
-            import tritonclient.grpc as grpcclient
+            import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
             client = stack.enter_context(grpcclient.InferenceServerClient(grpc_url))
             infer = lambda x, control: _triton_infer(client, model, x, control)  # noqa: E731
@@ -297,7 +298,7 @@ def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_si
 
 
 def _triton_infer(client, model: str, x: np.ndarray, control: np.ndarray) -> np.ndarray:
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
     inputs = [grpcclient.InferInput("INPUT", list(x.shape), "FP32"),
               grpcclient.InferInput("CONTROL", list(control.shape), "INT32")]
@@ -309,8 +310,6 @@ def _triton_infer(client, model: str, x: np.ndarray, control: np.ndarray) -> np.
 def profile_supernet(act: SubNetAct, calibration: Calibration, *, mode: str, repeats: int, name: str,
                      source: str) -> tuple[Profile, list[Candidate]]:
     """Measure the shortlist and return the Pareto profile with its candidates (same order)."""
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-
     short = shortlist(calibration.candidates)
     log.info("measuring latency of %d shortlisted subnets (of %d searched) via %s",
              len(short), len(calibration.candidates), mode)

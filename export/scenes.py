@@ -34,7 +34,7 @@ class Scenes:
 
 @lru_cache(maxsize=2)
 def _digit_sources(split: str) -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # lazy: sklearn
 
     digits = load_digits()
     order = np.random.default_rng(SPLIT_SEED).permutation(len(digits.images))

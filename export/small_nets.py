@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 def cnn(channels: tuple[int, ...] | None, classes: int, side: int = 16):
     """A classifier of ``side`` x ``side`` images: per entry of ``channels`` a 3x3 convolution, ReLU and 2x2 max
     pooling, then a linear layer; ``None`` is a linear model of the pixels."""
-    import torch.nn as nn
+    import torch.nn as nn  # lazy: torch
 
     if channels is None:
         return nn.Sequential(nn.Flatten(), nn.Linear(side * side, classes))
@@ -27,7 +27,7 @@ def cnn(channels: tuple[int, ...] | None, classes: int, side: int = 16):
 def train(net, x: np.ndarray, y: np.ndarray, epochs: int, weight: list[float] | None = None, seed: int = 0,
           augment=None):
     """Adam, minibatches of 64; ``augment(x_batch, rng)``, if given, draws fresh inputs for every batch."""
-    import torch
+    import torch  # lazy: torch
 
     torch.manual_seed(seed)
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
@@ -45,7 +45,7 @@ def train(net, x: np.ndarray, y: np.ndarray, epochs: int, weight: list[float] | 
 
 def to_onnx(net, input_dims: tuple[int, ...], output_dims: tuple[int, ...], name: str) -> onnx.ModelProto:
     """A plain torch Sequential (Conv2d, ReLU, MaxPool2d, Flatten, Linear) as INPUT [N, *dims] -> LOGITS."""
-    import torch.nn as nn
+    import torch.nn as nn  # lazy: torch
 
     nodes, inits, x = [], [], "INPUT"
     layers = list(net)

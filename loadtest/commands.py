@@ -12,17 +12,18 @@ import numpy as np
 
 from loadtest import traces
 from loadtest.traces import Trace
+from scheduler_sidecar.errors import ConfigError
 
 
 def _compress(args: argparse.Namespace) -> Trace:
     if args.series is not None:
         counts, bin_s, source = traces.load_series(args.series), traces.SERIES_BIN_S[args.series], args.series
     elif args.bin_s is None:
-        raise ValueError("--series-file needs --bin-s, the width of one bin in seconds")
+        raise ConfigError("--series-file needs --bin-s, the width of one bin in seconds")
     else:
         counts, bin_s, source = traces.read_series(args.series_file), args.bin_s, str(args.series_file)
     if (args.mean_qps is None) == (args.min_qps is None and args.max_qps is None):
-        raise ValueError("give either --mean-qps, or --min-qps and --max-qps")
+        raise ConfigError("give either --mean-qps, or --min-qps and --max-qps")
     trace = traces.compress(counts, bin_s, args.duration_s, args.mean_qps, args.seed, args.within_bin,
                             "mean" if args.mean_qps is not None else "minmax", args.min_qps, args.max_qps)
     return dataclasses.replace(trace, comment=f"series: {source}\n{trace.comment}")

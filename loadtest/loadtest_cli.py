@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from loadtest.requestlog import RequestLog
+from scheduler_sidecar.errors import ConfigError
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 
@@ -50,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def write_payloads(path: Path, image_size: int) -> None:
     """Held-out digits and their labels: the samples the replay sends."""
-    from export import data
+    from export import data  # lazy: torch
 
     heldout = data.load(image_size)["heldout"]
     save_payloads(path, heldout.images, heldout.labels)
@@ -77,7 +78,7 @@ def replay(replays: Sequence[Replay], target: str, out: Path, *, name: str | Non
         raise OSError("locust is not installed (pip install locust)")
     models = [r.model for r in replays]
     if not models or len(set(models)) != len(models):
-        raise ValueError(f"a replay needs one or more distinct models, got {models}")
+        raise ConfigError(f"a replay needs one or more distinct models, got {models}")
     out.mkdir(parents=True, exist_ok=True)
     logs = [out / ("requests.csv" if len(replays) == 1 else f"requests-{r.model}.csv") for r in replays]
     payloads = [r.payloads or _payloads(r, target, out) for r in replays]
@@ -108,7 +109,7 @@ def replay(replays: Sequence[Replay], target: str, out: Path, *, name: str | Non
 
 def _payloads(replay: Replay, target: str, out: Path) -> Path:
     """Held-out digits as large as the model's input, written for the replay."""
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
     with grpcclient.InferenceServerClient(target) as client:
         (tensor,) = client.get_model_metadata(replay.model, as_json=True)["inputs"]

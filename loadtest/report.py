@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.requestlog import RequestLog
+from scheduler_sidecar.errors import ConfigError
 
 COLUMNS = (("run", "run"), ("queries", "queries"), ("slo_attainment", "SLO attainment"),
            ("server_attainment", "in the sidecar"),
@@ -36,7 +37,7 @@ class Run:
     def load(cls, folder: Path) -> Run:
         meta_path, log_path = folder / "run.json", folder / "requests.csv"
         if not meta_path.exists() or not log_path.exists():
-            raise ValueError(f"{folder} is not a run folder (run.json and requests.csv, written by accscale loadtest)")
+            raise ConfigError(f"{folder} is not a run folder (run.json and requests.csv, written by accscale loadtest)")
         meta = json.loads(meta_path.read_text())
         return cls(meta.get("name", folder.name), meta, RequestLog.load(log_path))
 
@@ -70,10 +71,10 @@ def rows(runs: list[Run]) -> list[list[str]]:
 
 
 def plot_timeline(runs: list[Run], path: Path, bin_s: float) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     panels = (("ingest_qps", "ingest (q/s)", 1.0), ("served_accuracy", "served accuracy (%)", 100.0),
               ("mean_batch_size", "batch size", 1.0), ("slo_attainment", "SLO attainment\n(dashed: in sidecar)", 1.0))
@@ -99,10 +100,10 @@ def plot_timeline(runs: list[Run], path: Path, bin_s: float) -> None:
 
 
 def plot_plane(runs: list[Run], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for r in runs:

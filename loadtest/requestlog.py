@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scheduler_sidecar.errors import ConfigError
+
 COLUMNS = ("index", "scheduled_s", "lag_ms", "latency_ms", "slo_ms", "status", "variant", "accuracy",
            "batch_size", "queue_ms", "service_ms", "correct", "worker")
 
@@ -63,7 +65,7 @@ class RequestLog:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             if tuple(reader.fieldnames or ()) not in (COLUMNS, COLUMNS[:-1]):
-                raise ValueError(f"{path}: not a request log (columns {reader.fieldnames}, expected {list(COLUMNS)})")
+                raise ConfigError(f"{path}: not a request log (columns {reader.fieldnames}, expected {list(COLUMNS)})")
             return cls([Entry(int(r["index"]), float(r["scheduled_s"]), float(r["slo_ms"]), float(r["lag_ms"]),
                               _float(r["latency_ms"]), r["status"], r["variant"], _float(r["accuracy"]),
                               int(r["batch_size"]), _float(r["queue_ms"]), _float(r["service_ms"]),

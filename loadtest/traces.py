@@ -49,6 +49,8 @@ from typing import Literal
 
 import numpy as np
 
+from scheduler_sidecar.errors import AccscaleError
+
 FORMAT_LINE = "accscale trace: arrival_s[,slo_ms[,payload_index]] per line"
 MAX_FIELDS = 3
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -61,7 +63,7 @@ SERIES_BIN_S: dict[str, float] = {
 }
 
 
-class TraceError(ValueError):
+class TraceError(AccscaleError, ValueError):
     """A trace file or array that breaks the format; the message names the file and line."""
 
 
@@ -122,7 +124,7 @@ class Trace:
     def rate_per_bin(self, bin_s: float = 1.0) -> np.ndarray:
         """Arrival rate (q/s) in bins of ``bin_s`` covering [0, duration_s); the last bin may be shorter."""
         if bin_s <= 0:
-            raise ValueError(f"bin_s must be > 0, got {bin_s}")
+            raise TraceError(f"bin_s must be > 0, got {bin_s}")
         # the tolerance keeps 120 s / 0.1 s at 1200 bins despite float rounding
         n_bins = max(0, math.ceil(self.duration_s / bin_s - 1e-9))
         if n_bins == 0:
@@ -348,7 +350,7 @@ def time_varying(rate1_qps: float, rate2_qps: float, tau_qps2: float, cv2: float
     """
     _check_positive(rate1_qps=rate1_qps, rate2_qps=rate2_qps, tau_qps2=tau_qps2, duration_s=duration_s)
     if ramp_start_s < 0:
-        raise ValueError(f"ramp_start_s must be >= 0, got {ramp_start_s}")
+        raise TraceError(f"ramp_start_s must be >= 0, got {ramp_start_s}")
     ramp_s = abs(rate2_qps - rate1_qps) / tau_qps2
     accel_qps2 = math.copysign(tau_qps2, rate2_qps - rate1_qps)
     # Λ at the start and the end of the ramp
@@ -394,31 +396,31 @@ def compress(counts_per_bin: np.ndarray, bin_s_in: float, duration_s: float | No
     """
     counts = np.asarray(counts_per_bin, dtype=np.float64)
     if counts.ndim != 1 or counts.size == 0 or not np.isfinite(counts).all() or (counts < 0).any():
-        raise ValueError("counts_per_bin must be a non-empty 1-D series of finite counts >= 0")
+        raise TraceError("counts_per_bin must be a non-empty 1-D series of finite counts >= 0")
     _check_positive(bin_s_in=bin_s_in)
     if duration_s is None:
         duration_s = counts.size * bin_s_in
     _check_positive(duration_s=duration_s)
     if scale == "mean":
         if mean_rate_qps is None or min_rate_qps is not None or max_rate_qps is not None:
-            raise ValueError("scale='mean' takes mean_rate_qps, not min_rate_qps/max_rate_qps")
+            raise TraceError("scale='mean' takes mean_rate_qps, not min_rate_qps/max_rate_qps")
         _check_positive(mean_rate_qps=mean_rate_qps)
         if counts.sum() == 0:
-            raise ValueError("counts_per_bin is all zeros: there is no shape to scale to a mean")
+            raise TraceError("counts_per_bin is all zeros: there is no shape to scale to a mean")
         rate_qps = counts * (mean_rate_qps / counts.mean())
     elif scale == "minmax":
         if mean_rate_qps is not None or min_rate_qps is None or max_rate_qps is None:
-            raise ValueError("scale='minmax' takes min_rate_qps and max_rate_qps, not mean_rate_qps")
+            raise TraceError("scale='minmax' takes min_rate_qps and max_rate_qps, not mean_rate_qps")
         if not 0 <= min_rate_qps < max_rate_qps:
-            raise ValueError(f"need 0 <= min_rate_qps < max_rate_qps, got {min_rate_qps}, {max_rate_qps}")
+            raise TraceError(f"need 0 <= min_rate_qps < max_rate_qps, got {min_rate_qps}, {max_rate_qps}")
         if counts.min() == counts.max():
-            raise ValueError("counts_per_bin is constant: there is no range to min-max scale")
+            raise TraceError("counts_per_bin is constant: there is no range to min-max scale")
         unit = (counts - counts.min()) / (counts.max() - counts.min())
         rate_qps = min_rate_qps + unit * (max_rate_qps - min_rate_qps)
     else:
-        raise ValueError(f"unknown scale {scale!r}; choose 'mean' or 'minmax'")
+        raise TraceError(f"unknown scale {scale!r}; choose 'mean' or 'minmax'")
     if within_bin not in ("poisson", "uniform"):
-        raise ValueError(f"unknown within_bin {within_bin!r}; choose 'poisson' or 'uniform'")
+        raise TraceError(f"unknown within_bin {within_bin!r}; choose 'poisson' or 'uniform'")
 
     width_s = duration_s / counts.size
     edges_s = width_s * np.arange(counts.size + 1)
@@ -443,7 +445,7 @@ def with_slo(trace: Trace, slo_ms: float) -> Trace:
 def with_payloads(trace: Trace, n_payloads: int, seed: int) -> Trace:
     """The same arrivals, each naming a payload drawn uniformly from ``range(n_payloads)``."""
     if n_payloads < 1:
-        raise ValueError(f"n_payloads must be >= 1, got {n_payloads}")
+        raise TraceError(f"n_payloads must be >= 1, got {n_payloads}")
     index = np.random.default_rng(seed).integers(0, n_payloads, size=len(trace), dtype=np.int64)
     step = f"with_payloads(n_payloads={n_payloads}, seed={seed})"
     return dataclasses.replace(trace, payload_index=index, comment=_append(trace.comment, step))
@@ -466,14 +468,14 @@ def read_series(path: Path | str) -> np.ndarray:
 def load_series(name: str) -> np.ndarray:
     """One of the series shipped in ``loadtest/data`` (bin width: ``SERIES_BIN_S[name]``)."""
     if name not in SERIES_BIN_S:
-        raise ValueError(f"unknown series {name!r}; choose one of {sorted(SERIES_BIN_S)}")
+        raise TraceError(f"unknown series {name!r}; choose one of {sorted(SERIES_BIN_S)}")
     return read_series(DATA_DIR / f"{name}.csv")
 
 
 def _unit_renewal(rng: np.random.Generator, cv2: float, horizon: float) -> np.ndarray:
     """Epochs in [0, horizon) of a stationary unit-rate renewal process with gamma gaps of CV² ``cv2``."""
     if cv2 < 0:
-        raise ValueError(f"cv2 must be >= 0, got {cv2}")
+        raise TraceError(f"cv2 must be >= 0, got {cv2}")
     if cv2 == 0:
         return np.arange(rng.uniform(), horizon, 1.0)
     shape = 1.0 / cv2
@@ -499,7 +501,7 @@ def _finish(arrival_s: np.ndarray, duration_s: float, name: str, comment: str) -
 def _check_positive(**values: float) -> None:
     for key, value in values.items():
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{key} must be a finite number > 0, got {value}")
+            raise TraceError(f"{key} must be a finite number > 0, got {value}")
 
 
 def _describe(generator: str, **params: object) -> str:

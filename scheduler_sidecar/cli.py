@@ -14,31 +14,32 @@ import sys
 
 from tritonclient.utils import InferenceServerException
 
-from scheduler_sidecar.live.triton_launcher import TritonLaunchError
+from python_backend.control import ControlError  # a control row naming no calibrated subnet (export, profile)
+from scheduler_sidecar.errors import AccscaleError
 
-# errors that mean "bad input or environment": one line for the user, no traceback (-v shows it).
-# Bad parameters, profiles, traces and control rows are ValueErrors (ProfileError, TraceError, ...).
-USER_ERRORS = (ValueError, OSError, TritonLaunchError, InferenceServerException)
+# errors that mean "bad input or environment": one line for the user, no traceback (-v shows it); any other
+# exception is a bug and keeps its traceback
+USER_ERRORS = (AccscaleError, ControlError, OSError, InferenceServerException)
 
 # modules that contribute subcommands, in the order `--help` lists them
 COMMAND_MODULES = (
-    "scheduler_sidecar.live.triton_launcher",
+    "scheduler_sidecar.processes.triton_launcher",
     "export.commands",
     "scheduler_sidecar.experiments.demo",
     "loadtest.commands",
     "scheduler_sidecar.experiments.simulate",
     "scheduler_sidecar.experiments.reproduce",
-    "scheduler_sidecar.systems.superserve.paper_profile",
+    "scheduler_sidecar.experiments.superserve.paper_profile",
     "scheduler_sidecar.server.serve",
     "loadtest.loadtest_cli",
     "loadtest.report",
-    "scheduler_sidecar.systems.ramsis.cli",
+    "scheduler_sidecar.experiments.ramsis.cli",
 )
 # modules that contribute `accscale bench <kind>` benchmarks (``register_bench(kinds)``)
 BENCH_MODULES = ("export.bench", "scheduler_sidecar.experiments.bench", "scheduler_sidecar.experiments.sidecar_bench",
                  "scheduler_sidecar.experiments.fidelity",
-                 "scheduler_sidecar.experiments.overload_bench", "scheduler_sidecar.systems.ramsis.bench",
-                 "scheduler_sidecar.systems.loki.bench")
+                 "scheduler_sidecar.experiments.overload_bench", "scheduler_sidecar.experiments.ramsis.bench",
+                 "scheduler_sidecar.experiments.loki.bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,10 +16,12 @@
     │   └── WorkerFailed          the worker answered with an error; it is relayed with the worker's code
     ├── ConfigError               a configuration, flag or option the user must fix (also a ValueError)
     ├── ProfileError              a profile file that breaks the schema (also a ValueError)
+    ├── TraceError                a trace file that breaks the format (``loadtest.traces``; also a ValueError)
+    ├── TritonLaunchError         tritonserver is not installed or did not start (``processes.triton_launcher``)
     └── PolicyError               a decision the engine cannot carry out: a bug in the policy
 
-User errors (``ConfigError``, ``ProfileError``, ``RequestError``) are one line for the user; the
-others are bugs or failures that are logged with their traceback.
+``accscale`` prints an ``AccscaleError`` (and a file it cannot read, or an error Triton answered) as one line
+and exits 2; any other exception is a bug, and its traceback is printed.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from scheduler_sidecar.core.engine import Engine, QueryType
 from scheduler_sidecar.core.plan import Plan, Planner
 from scheduler_sidecar.core.records import Batch, BatchResult, Outcome, Query, WorkerState
 from scheduler_sidecar.errors import WorkerFailed
-from scheduler_sidecar.systems import POLICIES, make_policy
+from scheduler_sidecar.systems import make_policy, policies
 from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.planner import LokiPlan
 from scheduler_sidecar.systems.loki.policy import DropMode, LokiTask, Router
@@ -189,7 +189,7 @@ EVENTS = st.lists(st.tuples(st.sampled_from(["arrive", "cancel", "lost", "back",
                             st.integers(0, 7)), max_size=40)
 
 
-@pytest.mark.parametrize("name", [*sorted(POLICIES), "loki-task"])
+@pytest.mark.parametrize("name", [*sorted(policies()), "loki-task"])
 def test_faults_in_any_order_lose_no_request(name, ramsis_dir):
     make, plans = factory(name, ramsis_dir)
 

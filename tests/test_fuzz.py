@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.processes.sidecar import SidecarServer
 from tests.test_sidecar import metric, metrics
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from scheduler_sidecar.systems.hybridserve.energy import (
+from scheduler_sidecar.experiments.hybridserve.energy import (
     CPU_MODEL,
     CPU_WATTS_PER_BUSY_CORE,
     nvml_meter,

@@ -15,6 +15,7 @@ from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Var
 from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.server import config
+from scheduler_sidecar.systems import PlannerContext
 from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Outcome
 from scheduler_sidecar.systems.hybridserve.live import (
     CascadeModel,
@@ -142,11 +143,11 @@ def test_a_config_file_names_the_planner_of_its_one_cascade(tmp_path, family_fil
                'device_speeds = { "cpu-x3" = 0.5 }\n')
     cascade = f'[[models]]\nname = "{MODEL}"\nprofile = "p.json"\npolicy = "cascade"\n'
     path.write_text(f'workers = ["h:1"]\n{planner}{cascade}')
-    family, mode, prune_models, settings = config.load(path).planner.hybridserve_options()
-    assert (family, mode, prune_models) == (family_file, "eo", True)
-    assert settings == HybridServeConfig(12, device_speeds={"cpu-x3": 0.5})
+    settings = config.load(path).planner.settings
+    assert (settings.family, settings.mode, settings.prune) == (family_file, "eo", True)
+    assert settings.config == HybridServeConfig(12, device_speeds={"cpu-x3": 0.5})
     for models, message in ((cascade.replace('"cascade"', '"slackfit"'), r"its own policy \('cascade'\)"),
-                            (cascade + cascade.replace(MODEL, "other"), "plans one cascade")):
+                            (cascade + cascade.replace(MODEL, "other"), "plans one model")):
         path.write_text(f'workers = ["h:1"]\n{planner}{models}')
         with pytest.raises(ValueError, match=message):
             config.load(path)
@@ -156,15 +157,20 @@ def test_a_config_file_names_the_planner_of_its_one_cascade(tmp_path, family_fil
 def test_a_budget_below_the_cascades_models_is_refused_when_the_planner_is_built(hybridserve_family):
     spec = config.PlannerSpec("hybridserve", {"family": str(hybridserve_family.folder / "cascade.json"),
                                               "mode": "eo", "prune": False, "instances": 2})
+    context = PlannerContext({MODEL: cascade_profile()}, {}, [], str)
     with pytest.raises(ValueError, match="need at least 4 instances"):
-        spec.hybridserve_planner(BLS)
+        spec.entry.build(spec.settings, context)
+
+
+def cascade_profile() -> Profile:
+    """The logical model of one cascade, served by the BLS model ``BLS``."""
+    curve = LatencyCurve((1, 32), (10.0, 50.0), (10.0, 50.0))
+    return Profile(MODEL, "test", (Variant("cascade", 0.93, Actuation("pipeline", BLS, path=("a", "b")),
+                                           {"cpu": curve}),))
 
 
 def test_the_cascade_policy_sends_each_plans_cascade_with_every_batch():
-    curve = LatencyCurve((1, 32), (10.0, 50.0), (10.0, 50.0))
-    profile = Profile(MODEL, "test", (Variant("cascade", 0.93, Actuation("pipeline", BLS, path=("a", "b")),
-                                              {"cpu": curve}),))
-    policy = CascadeModel(profile)
+    policy = CascadeModel(cascade_profile())
     queue = EdfQueue()
     for i in range(3):
         queue.push(Query(1_000_000, i, i, 0, MODEL))

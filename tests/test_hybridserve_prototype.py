@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from scheduler_sidecar.systems.hybridserve.prototype import Family, families, load
+from scheduler_sidecar.experiments.hybridserve.prototype import Family, families, load
 
 # every (family, mode) whose dumped cost follows from its per-model costs; gpt-5 does not (test below)
 CONSISTENT = [(f, m) for f in ("vit-4", "t5-3", "t5-4") for m in ("ap", "eo")]

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from loadtest.traces import gamma
+from scheduler_sidecar.experiments.hybridserve.simulation import simulate
 from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Predictions, answered_by
 from scheduler_sidecar.systems.hybridserve.placement import BALANCED, NEAREST, replicas
 from scheduler_sidecar.systems.hybridserve.planner import operating_points
-from scheduler_sidecar.systems.hybridserve.simulation import simulate
 
 pytestmark = pytest.mark.slow
 SLOWDOWN = 100.0

@@ -25,7 +25,7 @@ from scheduler_sidecar.live.workers import FakeWorker, Health, InferCall
 from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
-from scheduler_sidecar.systems import POLICIES, make_policy
+from scheduler_sidecar.systems import make_policy, policies
 from scheduler_sidecar.systems.superserve.baselines import ClipperPlus
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 from tests import virtual_clock
@@ -295,11 +295,11 @@ def test_every_policy_can_drive_the_live_model():
     async def main():
         w = worker(gated=False)
         driver, (model,) = make_driver(w)
-        for name in POLICIES:
+        for name in policies():
             driver.set_policy("m", make_policy(name, make_profile(), **POLICY_OPTIONS.get(name, {})))
             answer = await model.infer(row(1, 2), 1_000_000)
             assert logits(answer)[0] == 3
-        assert len(w.calls) == len(POLICIES)
+        assert len(w.calls) == len(policies())
 
     asyncio.run(main())
 
@@ -412,8 +412,8 @@ def tiny_config(name: str) -> str:
 @pytest.mark.slow
 def test_a_policy_loads_a_model_on_a_real_triton_and_no_request_is_lost(tmp_path):
     """Explicit model control: m3 is unloaded and m2 loaded while requests wait; all are then served by m2."""
-    from scheduler_sidecar.live.triton_launcher import TritonServer
     from scheduler_sidecar.live.workers import TritonWorker
+    from scheduler_sidecar.processes.triton_launcher import TritonServer
 
     tiny_repository(tmp_path, ("m2", "m3"))
 
@@ -445,8 +445,8 @@ def test_two_logical_models_on_one_real_triton_never_run_two_batches_at_once(tmp
     each, so one worker slot): Triton could run both at once, the sidecar never sends two batches."""
     import tritonclient.grpc.aio as grpcaio
 
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
+    from scheduler_sidecar.processes.sidecar import SidecarServer
+    from scheduler_sidecar.processes.triton_launcher import TritonServer
 
     repository = tiny_repository(tmp_path / "repo", ("m0", "m1", "m2", "m3"))
     make_profile().save(tmp_path / "p.json")

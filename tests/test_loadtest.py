@@ -13,8 +13,8 @@ from loadtest.loadtest_cli import loadtest
 from loadtest.requestlog import Entry, RequestLog
 from loadtest.traces import Trace, constant, with_slo
 from scheduler_sidecar.cli import main
-from scheduler_sidecar.live.triton_launcher import TritonServer
-from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.processes.sidecar import SidecarServer
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]

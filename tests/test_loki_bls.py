@@ -19,8 +19,8 @@ from export.loki_models import RECIPES, build
 from export.scenes import generate
 from python_backend.pipeline import components, crops, decode, read_answers
 from python_backend.runners import MODEL_FILE, make_session
-from scheduler_sidecar.live.triton_launcher import TritonServer
 from scheduler_sidecar.live.workers import TritonWorker
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton]
 BLS = "loki_pipeline"

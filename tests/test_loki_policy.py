@@ -9,13 +9,13 @@ import pytest
 from scheduler_sidecar.core.plan import Plan
 from scheduler_sidecar.core.profile import LatencyCurve
 from scheduler_sidecar.core.records import DROP, Outcome, Query, WorkerState
+from scheduler_sidecar.experiments.loki.systems import ABLATIONS, SYSTEMS, Setup, metrics, simulate
 from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.data import traffic_analysis
 from scheduler_sidecar.systems.loki.pipeline import Pipeline, StageVariant, Task
 from scheduler_sidecar.systems.loki.planner import LokiConfig, LokiPlan, LokiPlanner
 from scheduler_sidecar.systems.loki.policy import DropMode, Hop, LokiTask, Router
 from scheduler_sidecar.systems.loki.routing import FRONTEND, Replica, Routing
-from scheduler_sidecar.systems.loki.systems import ABLATIONS, SYSTEMS, Setup, metrics, simulate
 from tests.builders import Routed
 
 

@@ -291,7 +291,7 @@ def test_no_policy_beats_the_upper_bound_off_the_grid(seed: int) -> None:
     from scheduler_sidecar.core.records import Outcome
     from scheduler_sidecar.sim.results import OUTCOME_CODES
     from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.systems import POLICIES, make_policy
+    from scheduler_sidecar.systems import make_policy, policies
     from tests.builders import POLICY_OPTIONS
 
     rng = random.Random(seed)
@@ -300,7 +300,7 @@ def test_no_policy_beats_the_upper_bound_off_the_grid(seed: int) -> None:
     workers = rng.choice((1, 2))
     upper = solve_optimal(arrival, deadline, OFF_GRID, workers=workers, bound="upper")
     assert upper.status == "optimal"
-    for name in POLICIES:
+    for name in policies():
         policy = make_policy(name, OFF_GRID, **POLICY_OPTIONS.get(name, {}))
         sim = Simulator(policy, SimConfig(workers=workers)).run(arrival, deadline)
         objective = float(sim.accuracy[sim.outcome == OUTCOME_CODES[Outcome.MET]].sum())

@@ -11,7 +11,7 @@ import pytest
 
 from scheduler_sidecar.cli import build_parser, main
 from scheduler_sidecar.core.profile import Profile, Variant, pareto_front
-from scheduler_sidecar.systems.superserve import paper_profile as pp
+from scheduler_sidecar.experiments.superserve import paper_profile as pp
 from tests.conftest import REPO_ROOT
 
 COMMITTED = REPO_ROOT / "profiles" / "superserve_paper.json"

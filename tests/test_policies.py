@@ -5,7 +5,7 @@ import random
 import pytest
 
 from scheduler_sidecar.core.records import PolicyError, Query
-from scheduler_sidecar.systems import POLICIES, make_policy
+from scheduler_sidecar.systems import make_policy, policies
 from scheduler_sidecar.systems.superserve.baselines import ClipperPlus, Infaas
 from scheduler_sidecar.systems.superserve.greedy import MaxAcc, MaxBatch
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
@@ -61,7 +61,7 @@ def test_under_a_burst_batches_grow_and_accuracy_falls():
 def test_expired_queries_are_dropped_by_default_and_served_on_request():
     """late_queries=drop drops heads no option can serve in time; serve runs them with the fastest option."""
     queries = make_queries(n=3, slo_us=500)  # slack 500 us is below every profiled latency
-    for name in POLICIES:
+    for name in policies():
         d = decide(make_policy(name, PROFILE, **POLICY_OPTIONS.get(name, {})), queries, make_workers(1))
         assert d.dropped == (0, 1, 2) and not d.dispatches, name
         d = decide(make_policy(name, PROFILE, late_queries="serve", **POLICY_OPTIONS.get(name, {})), queries,
@@ -70,7 +70,7 @@ def test_expired_queries_are_dropped_by_default_and_served_on_request():
 
 
 def test_no_free_worker_means_no_decision():
-    for name in POLICIES:
+    for name in policies():
         policy = make_policy(name, PROFILE, **POLICY_OPTIONS.get(name, {}))
         assert decide(policy, make_queries(4), make_workers(2, busy=2)).is_empty
 

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from scheduler_sidecar.experiments.proteus.data import PAPER_CLUSTER, load_counts, load_profiles
 from scheduler_sidecar.systems.proteus import milp
 from scheduler_sidecar.systems.proteus.capacity import ARTIFACT, PAPER, CapacityRule
-from scheduler_sidecar.systems.proteus.data import PAPER_CLUSTER, load_counts, load_profiles
 from scheduler_sidecar.systems.proteus.planner import most_accurate_feasible
 
 

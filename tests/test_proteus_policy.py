@@ -7,12 +7,12 @@ import pytest
 
 from scheduler_sidecar.core.queue import QueueView
 from scheduler_sidecar.core.records import Outcome, Query
+from scheduler_sidecar.experiments.proteus.data import Counts, load_counts, load_profiles
+from scheduler_sidecar.experiments.proteus.infaas import SLACK, InfaasPlanner
+from scheduler_sidecar.experiments.proteus.systems import SYSTEMS, Setup, simulate
 from scheduler_sidecar.sim.results import OUTCOME_CODES
 from scheduler_sidecar.systems.proteus.batching import Adaptive, Aimd, AimdFull, Nexus, NexusFill, Single
-from scheduler_sidecar.systems.proteus.data import Counts, load_counts, load_profiles
-from scheduler_sidecar.systems.proteus.infaas import SLACK, InfaasPlanner
 from scheduler_sidecar.systems.proteus.planner import ProteusConfig, ProteusPlanner
-from scheduler_sidecar.systems.proteus.systems import SYSTEMS, Setup, simulate
 from tests.builders import make_queue
 
 LATENCY = {1: 10_000, 2: 14_000, 3: 18_000, 4: 18_000, 5: 30_000, 6: 30_000, 7: 30_000, 8: 30_000}  # us, padded

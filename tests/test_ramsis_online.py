@@ -10,7 +10,7 @@ import pytest
 from loadtest.traces import poisson
 from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-from scheduler_sidecar.systems import POLICIES, make_policy
+from scheduler_sidecar.systems import make_policy, policies
 from scheduler_sidecar.systems.ramsis import LATENCY_CSV
 from scheduler_sidecar.systems.ramsis.generate import generate_set
 from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
@@ -132,7 +132,7 @@ def test_policy_options_are_validated(image_profile, policy_dir):
         make_policy("ramsis", image_profile, policy_dir=str(policy_dir), workers=5)
     with pytest.raises(ValueError, match="slo_ms and workers"):
         make_policy("jellyfish", image_profile)
-    assert {"ramsis", "jellyfish", "modelswitching"} <= set(POLICIES)
+    assert {"ramsis", "jellyfish", "modelswitching"} <= set(policies())
 
 
 def test_expectation_agrees_with_the_simulator(image_profile, policy_dir):

@@ -74,8 +74,8 @@ def test_simulate_matches_pinned_results(case, trace_args):
 
 def proteus_metrics(system: str, **setup) -> dict:
     """Three of the authors' families on 8 workers of 3 kinds, 30 s of their trace at 4x its rate."""
-    from scheduler_sidecar.systems.proteus import systems as ps
-    from scheduler_sidecar.systems.proteus.data import Counts, load_counts, load_profiles
+    from scheduler_sidecar.experiments.proteus import systems as ps
+    from scheduler_sidecar.experiments.proteus.data import Counts, load_counts, load_profiles
 
     profiles, counts = load_profiles(), load_counts()
     families = ("efficientnet", "mobilenet", "resnet")
@@ -86,10 +86,10 @@ def proteus_metrics(system: str, **setup) -> dict:
 
 def loki_metrics(system: str, **setup) -> dict:
     """The authors' traffic-analysis pipeline on 20 workers, 14 s of frames with a 2x burst in the middle."""
-    from scheduler_sidecar.systems.loki import systems as ls
+    from scheduler_sidecar.experiments.loki import systems as ls
+    from scheduler_sidecar.experiments.loki.reproduce import poisson_seconds
     from scheduler_sidecar.systems.loki.data import traffic_analysis
     from scheduler_sidecar.systems.loki.planner import LokiConfig
-    from scheduler_sidecar.systems.loki.reproduce import poisson_seconds
 
     arrival_us = poisson_seconds(np.array([100.0] * 5 + [200.0] * 4 + [100.0] * 5), 5)
     config = ls.Setup(traffic_analysis(), workers=20, config=LokiConfig(period_s=5.0, headroom=1.25), **setup)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from scheduler_sidecar.cli import main
-from scheduler_sidecar.systems.loki.reproduce import poisson_seconds, trace_arrivals
-from scheduler_sidecar.systems.loki.systems import ABLATIONS, SYSTEMS
+from scheduler_sidecar.experiments.loki.reproduce import poisson_seconds, trace_arrivals
+from scheduler_sidecar.experiments.loki.systems import ABLATIONS, SYSTEMS
 
 
 @pytest.mark.slow

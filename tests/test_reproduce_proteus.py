@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from scheduler_sidecar.cli import main
-from scheduler_sidecar.systems.proteus.reproduce import BATCHING, GAMMA_SHAPE, constant_arrivals
-from scheduler_sidecar.systems.proteus.systems import ABLATIONS, SYSTEMS
+from scheduler_sidecar.experiments.proteus.reproduce import BATCHING, GAMMA_SHAPE, constant_arrivals
+from scheduler_sidecar.experiments.proteus.systems import ABLATIONS, SYSTEMS
 
 
 @pytest.mark.slow

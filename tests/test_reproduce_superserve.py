@@ -11,7 +11,7 @@ import pytest
 from loadtest import traces
 from scheduler_sidecar.cli import main
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.systems.superserve import reproduce
+from scheduler_sidecar.experiments.superserve import reproduce
 from tests.builders import make_profile
 
 

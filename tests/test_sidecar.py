@@ -20,8 +20,8 @@ import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 from export import data
-from scheduler_sidecar.live.triton_launcher import TritonServer
-from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.processes.sidecar import SidecarServer
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 

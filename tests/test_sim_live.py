@@ -98,7 +98,7 @@ def test_ramsis_routes_to_worker_queues_alike(tmp_path):
 def test_proteus_plans_places_and_routes_alike(load_ms):
     """Proteus on three of the authors' families, 8 workers of 3 kinds, 15 s of their trace at 4x: plans every 5 s
     and on bursts, instant or 500 ms model loads (make before break)."""
-    from scheduler_sidecar.systems.proteus.data import Counts, arrivals, load_counts, load_profiles
+    from scheduler_sidecar.experiments.proteus.data import Counts, arrivals, load_counts, load_profiles
     from scheduler_sidecar.systems.proteus.planner import ProteusConfig, ProteusPlanner
     from scheduler_sidecar.systems.proteus.policy import Proteus
 
@@ -126,7 +126,7 @@ def test_a_hybridserve_cascade_behind_the_sidecar_is_planned_and_batched_alike(h
     BLS slots of one server's emulated device, a gamma trace at 1.5x their capacity: the same queries met and
     dropped."""
     from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.experiments.hybridserve_demo import cascade_profile
+    from scheduler_sidecar.experiments.hybridserve.demo import cascade_profile
     from scheduler_sidecar.systems.hybridserve.live import CascadeModel, HybridServeConfig, HybridServePlanner
     from scheduler_sidecar.systems.hybridserve.planner import pruned_point
     from scheduler_sidecar.systems.hybridserve.pruning import prune

@@ -8,7 +8,7 @@ from scheduler_sidecar.core.records import Outcome
 from scheduler_sidecar.sim.results import OUTCOME_CODES
 from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 from scheduler_sidecar.sim.world import World
-from scheduler_sidecar.systems import POLICIES, make_policy
+from scheduler_sidecar.systems import make_policy, policies
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 from tests.builders import POLICY_OPTIONS, make_profile
 
@@ -26,7 +26,7 @@ def bursty_arrivals(n: int = 4000, seed: int = 0) -> np.ndarray:
     return np.round(np.array(out) * 1e6).astype(np.int64)
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", sorted(policies()))
 def test_every_query_ends_exactly_once(name):
     """met + late + dropped + failed == queries, for every policy, with failures and noise."""
     arrival = bursty_arrivals()

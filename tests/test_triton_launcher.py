@@ -13,7 +13,7 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-from scheduler_sidecar.live.triton_launcher import TritonServer, TritonStartError, find_tritonserver
+from scheduler_sidecar.processes.triton_launcher import TritonServer, TritonStartError, find_tritonserver
 
 pytestmark = pytest.mark.triton
 
@@ -102,7 +102,7 @@ def test_stop_leaves_no_processes(repository: Path, tmp_path: Path) -> None:
 PARENT = """
 import sys, time
 from pathlib import Path
-from scheduler_sidecar.live.triton_launcher import TritonServer
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 server = TritonServer(repository=Path(sys.argv[1]))
 server.start()
 print(server.pid, flush=True)

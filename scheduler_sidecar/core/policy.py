@@ -74,6 +74,9 @@ class Policy(abc.ABC):
     file_options: ClassVar[frozenset[str]] = frozenset()
     # True: every query goes to one worker's queue, where route() says (see the module docstring)
     routes: ClassVar[bool] = False
+    # what the paper does with late queries, where it differs from the project's default (``accscale simulate``
+    # follows the paper unless told otherwise; the sidecar keeps the default)
+    paper_late_queries: ClassVar[LateQueries | None] = None
 
     def __init__(self, profile: Profile, *, device: str | None = None,
                  late_queries: LateQueries | str = LateQueries.DROP, overhead_us: int = 0) -> None:

@@ -25,14 +25,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from scheduler_sidecar.errors import ProfileError
+
 # the published and paper-scale profiles shipped with the project (a source checkout or an editable install)
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
 SCHEMA = "accscale/profile/v1"
 ACTUATION_KINDS = ("supernet", "model", "pipeline")
-
-
-class ProfileError(ValueError):
-    """A profile file that does not follow the schema; the message says where."""
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from scheduler_sidecar.systems.superserve.reproduce import PAPER_PROFILE
+from loadtest.traces import bursty, gamma
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.core.queue import EdfQueue
+from scheduler_sidecar.core.records import Outcome, Query, WorkerState
+from scheduler_sidecar.errors import ConfigError
+from scheduler_sidecar.experiments.superserve.reproduce import PAPER_PROFILE
+from scheduler_sidecar.sim.results import OUTCOME_CODES
+from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.systems import make_policy
+from scheduler_sidecar.systems.superserve import optimal
+from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 
 
 def register_bench(kinds: argparse._SubParsersAction) -> None:
@@ -64,13 +76,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_simulator(args: argparse.Namespace) -> int:
-    from loadtest.traces import bursty
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.systems import make_policy
-
     if args.queries < 1:
-        raise ValueError(f"--queries must be >= 1, got {args.queries}")
+        raise ConfigError(f"--queries must be >= 1, got {args.queries}")
     profile = Profile.load(args.profile)
     base_qps, variant_qps = 1500.0, 5550.0
     # a trace of the mean length holds fewer queries about half the time: lengthen it until it holds them all
@@ -102,11 +109,6 @@ OVERLOAD_TRACES = (("gamma 7000 q/s, CV2 8", 4, ((7000.0, 1.0),)),
 def run_overload_rules(args: argparse.Namespace) -> int:
     """Queries met under overload by SlackFit's two below-bucket rules, each with the engine's admission off and
     on, on the same traces (gamma with CV2 8; Poisson steps), side by side."""
-    from loadtest.traces import gamma
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.systems import make_policy
-
     profile = Profile.load(args.profile)
     rows = []
     for name, workers, phases in OVERLOAD_TRACES:
@@ -137,8 +139,6 @@ def run_overload_rules(args: argparse.Namespace) -> int:
 
 def synthetic_pareto_profile(num_subnets: int, batch_sizes: tuple[int, ...] = tuple(range(1, 17))):
     """A Pareto profile: accuracy 0.70..0.80 and latency both rising with the subnet index."""
-    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
-
     variants = []
     for i in range(num_subnets):
         per_sample_ms = 0.5 + 4.5 * i / max(num_subnets - 1, 1)
@@ -150,10 +150,6 @@ def synthetic_pareto_profile(num_subnets: int, batch_sizes: tuple[int, ...] = tu
 
 
 def run_slackfit(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.core.queue import EdfQueue
-    from scheduler_sidecar.core.records import Query, WorkerState
-    from scheduler_sidecar.systems.superserve.slackfit import SlackFit
-
     profile = synthetic_pareto_profile(args.subnets)
     started = time.perf_counter()
     policy = SlackFit(profile)
@@ -183,10 +179,6 @@ GAP_STEP_MS = 1
 
 def gridded(profile, num_variants: int = 4, batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)):
     """``profile`` cut to a few variants and batch sizes, latencies rounded up to whole GAP_STEP_MS."""
-    import math
-    from dataclasses import replace
-
-    from scheduler_sidecar.core.profile import LatencyCurve
 
     variants = []
     for v in profile.spread(num_variants):
@@ -233,21 +225,14 @@ def gap_instance(seed: int, index: int, queries: int, workers: int) -> tuple[np.
 
 
 def run_optimal_gap(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.core.records import Outcome
-    from scheduler_sidecar.sim.results import OUTCOME_CODES
-    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.systems import make_policy
-    from scheduler_sidecar.systems.superserve.optimal import solve_optimal
-
     if args.traces < 1 or args.queries < 1:
-        raise ValueError("--traces and --queries must be >= 1")
+        raise ConfigError("--traces and --queries must be >= 1")
     profile = gridded(Profile.load(args.profile))
     ratios: dict[str, list[float]] = {p: [] for p in GAP_POLICIES}
     instances, optima = [], []
     for i in range(args.traces):
         arrival, deadline, info = gap_instance(args.seed, i, args.queries, args.workers)
-        result = solve_optimal(arrival.tolist(), deadline.tolist(), profile, workers=args.workers,
+        result = optimal.solve_optimal(arrival.tolist(), deadline.tolist(), profile, workers=args.workers,
                                time_step_us=GAP_STEP_MS * 1000, time_limit_s=args.time_limit_s)
         # objective: the best schedule found (the optimum only when status is "optimal"; None: none found)
         instances.append({**info, "status": result.status,

@@ -1,6 +1,6 @@
 """``accscale demo``: the whole system on the default supernet, one bursty trace, three policies
 (``accscale demo proteus``, ``accscale demo loki`` and ``accscale demo hybridserve``: those systems' live demos,
-:mod:`.proteus_demo`, :mod:`.loki_demo`, :mod:`.hybridserve_demo`).
+:mod:`.proteus.demo`, :mod:`.loki.demo`, :mod:`.hybridserve.demo`).
 
 Builds (or reuses) the full-preset supernet and its profile, starts Triton and the sidecar
 on free loopback ports, replays one bursty trace with Locust for SlackFit and for two
@@ -21,7 +21,14 @@ import urllib.request
 from pathlib import Path
 
 from export.commands import add_build_options
-from scheduler_sidecar.experiments import hybridserve_demo, loki_demo, proteus_demo
+from export.presets import get_preset
+from loadtest import report
+from loadtest.loadtest_cli import loadtest
+from loadtest.traces import bursty, with_slo
+from scheduler_sidecar.experiments.deployment import deploy
+from scheduler_sidecar.experiments.hybridserve import demo as hybridserve_demo
+from scheduler_sidecar.experiments.loki import demo as loki_demo
+from scheduler_sidecar.experiments.proteus import demo as proteus_demo
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.artifacts import Artifacts
-    from export.presets import get_preset
-    from export.profiler import SUPERNET_MODEL, export_supernet
-    from loadtest import report
-    from loadtest.loadtest_cli import loadtest
-    from loadtest.traces import bursty, with_slo
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
+    from export.artifacts import Artifacts  # lazy: onnx, torch
+    from export.profiler import SUPERNET_MODEL, export_supernet  # lazy: onnx, torch
 
     out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -80,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     trace.save(trace_path)
     token = secrets.token_hex(8)
     runs = []
-    with TritonServer(repository=args.repository, models=[SUPERNET_MODEL]) as triton, \
-            SidecarServer(workers=[triton.grpc_url], profile=artifacts.profile_path,
-                          extra_args=["--admin-token", token, "--overhead-us", str(args.overhead_us)]) as sidecar:
+    with deploy(args.repository, [SUPERNET_MODEL], profile=artifacts.profile_path,
+                sidecar_args=["--admin-token", token, "--overhead-us", str(args.overhead_us)]) as d:
+        (triton,), sidecar = d.tritons, d.sidecar
         print(f"triton at {triton.grpc_url}, sidecar at {sidecar.grpc_url} (gRPC) / {sidecar.http_url} (HTTP)")
         for policy in POLICIES:
             _switch_policy(sidecar.http_url, token, policy)

@@ -75,7 +75,10 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler_sidecar.experiments.sidecar_bench import cpu_seconds
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.errors import ConfigError
+from scheduler_sidecar.experiments.deployment import Device, deploy
+from scheduler_sidecar.experiments.sidecar_bench import cpu_seconds, measure_profile
 
 MODEL = "convnet"
 IMAGE_SIZE, CHANNELS, LAYERS, NUM_CLASSES = 16, 96, 8, 10
@@ -133,7 +136,7 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 def convnet_model():
     """8 3x3 convolutions of 96 channels on a 16x16 image, then a linear layer: 170 M multiply-adds a
     row, all of them per row (batching saves little), with 0.6 MB of weights."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # lazy: onnx
 
     rng = np.random.default_rng(0)
     nodes, weights, x, channels = [], [], "INPUT", 1
@@ -210,8 +213,8 @@ class Client:
     """Sends one well-formed single-row request over one gRPC channel (raw stubs: little CPU per call)."""
 
     def __init__(self, url: str, model: str, slo_us: int) -> None:
-        import grpc
-        from tritonclient.grpc import service_pb2_grpc
+        import grpc  # lazy: grpc
+        from tritonclient.grpc import service_pb2_grpc  # lazy: tritonclient
 
         self.model, self.slo_us = model, slo_us
         self.timeout_s = slo_us / 1e6 + LOST_GRACE_S
@@ -223,8 +226,8 @@ class Client:
 
     async def prepare(self) -> None:
         """The request: zeros of the model's inputs as its metadata describes them, one row."""
-        from tritonclient.grpc import service_pb2 as pb
-        from tritonclient.utils import triton_to_np_dtype
+        from tritonclient.grpc import service_pb2 as pb  # lazy: tritonclient
+        from tritonclient.utils import triton_to_np_dtype  # lazy: tritonclient
 
         meta = await self._stub.ModelMetadata(pb.ModelMetadataRequest(name=self.model), timeout=30)
         request = pb.ModelInferRequest(model_name=self.model)
@@ -312,7 +315,7 @@ class Watch:
     """Samples the sidecar's RSS and its /metrics on threads, and the CPU of every process, while a run goes on."""
 
     def __init__(self, sidecar_pid: int, triton_pids: list[int], http_url: str, interval_s: float = 0.2) -> None:
-        import psutil
+        import psutil  # lazy: psutil
 
         self._psutil = psutil
         self._sidecar = psutil.Process(sidecar_pid)
@@ -330,7 +333,7 @@ class Watch:
 
     def metrics(self) -> dict[str, dict[tuple, float]]:
         """Every sample of the sidecar's /metrics: name -> {labels: value}."""
-        from prometheus_client.parser import text_string_to_metric_families
+        from prometheus_client.parser import text_string_to_metric_families  # lazy: prometheus_client
 
         with urllib.request.urlopen(self._url, timeout=5) as response:
             text = response.read().decode()
@@ -398,7 +401,7 @@ def outcomes(before: dict, after: dict) -> dict[str, int]:
 def request_limit() -> int | None:
     """The request-size limit the bench's sidecar runs with (its default), if this build has one."""
     try:
-        from scheduler_sidecar.server.protocol import Limits
+        from scheduler_sidecar.server.protocol import Limits  # lazy: grpc
     except ImportError:
         return None
     return getattr(Limits, "max_request_bytes", None)
@@ -408,29 +411,26 @@ def request_limit() -> int | None:
 def deployment(args: argparse.Namespace, progress):
     """Triton(s) and the sidecar on the bench's model (profiled now) or on ``--profile``/``--repository``;
     yields the sidecar, the logical model name and the Triton servers."""
-    from export.repository import write_static
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.experiments.sidecar_bench import measure_profile
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
+    from export.repository import write_static  # lazy: torch
 
     if (args.profile is None) != (args.repository is None):
-        raise SystemExit("--profile and --repository go together")
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        raise ConfigError("--profile and --repository go together")
+    with tempfile.TemporaryDirectory() as tmp:
         if args.profile is None:
             repository, profile, name, models = Path(tmp) / "repository", Path(tmp) / "profile.json", MODEL, [MODEL]
             write_static(repository, MODEL, convnet_model(), IMAGE_SIZE, NUM_CLASSES, MODEL)
         else:
             repository, profile, name = args.repository, args.profile, args.model_name
             models = sorted({v.actuation.model for v in Profile.load(profile).variants})
-        tritons = [stack.enter_context(TritonServer(repository=repository, models=models))
-                   for _ in range(args.workers)]
-        if args.profile is None:
-            progress("profiling the bench's model")
-            measure_profile(tritons[0].grpc_url, profile, repeats=PROFILE_REPEATS, model=MODEL)
-        sidecar = stack.enter_context(SidecarServer(workers=[t.grpc_url for t in tritons], profile=profile,
-                                                    extra_args=["--model-name", name]))
-        yield sidecar, name, tritons
+
+        def profiled(tritons) -> None:
+            if args.profile is None:
+                progress("profiling the bench's model")
+                measure_profile(tritons[0].grpc_url, profile, repeats=PROFILE_REPEATS, model=MODEL)
+
+        with deploy(repository, models, [Device()] * args.workers, profile=profile, before_sidecar=profiled,
+                    sidecar_args=["--model-name", name]) as d:
+            yield d.sidecar, name, d.tritons
 
 
 async def _capacity(client: Client, args: argparse.Namespace, progress) -> dict:
@@ -534,10 +534,10 @@ def goodput(args: argparse.Namespace, progress=lambda msg: None) -> dict:
 
 
 def plot_goodput(result: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     factors = [p["factor"] for p in result["points"]]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from scheduler_sidecar.live.triton_launcher import DEFAULT_CACHE_DIR
+from scheduler_sidecar.processes.triton_launcher import DEFAULT_CACHE_DIR
 
 log = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from scheduler_sidecar.systems.hybridserve import reproduce as hybridserve
-from scheduler_sidecar.systems.loki import reproduce as loki
-from scheduler_sidecar.systems.proteus import reproduce as proteus
-from scheduler_sidecar.systems.ramsis import reproduce as ramsis
-from scheduler_sidecar.systems.superserve import reproduce as superserve
+from scheduler_sidecar.experiments.hybridserve import reproduce as hybridserve
+from scheduler_sidecar.experiments.loki import reproduce as loki
+from scheduler_sidecar.experiments.proteus import reproduce as proteus
+from scheduler_sidecar.experiments.ramsis import reproduce as ramsis
+from scheduler_sidecar.experiments.superserve import reproduce as superserve
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -34,6 +34,7 @@ import csv
 import json
 import pstats
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.experiments.deployment import deploy
+from scheduler_sidecar.experiments.perf_analyzer import ensure
+from scheduler_sidecar.processes.die_with_parent import wrap
 
 MODEL = "trivial"
 IMAGE_SIZE, NUM_CLASSES = 16, 10
@@ -103,9 +109,8 @@ def trivial_model() -> onnx.ModelProto:
 
 def measure_profile(url: str, path: Path, repeats: int = 30, model: str = MODEL) -> None:
     """Profile a one-input 16x16 model directly (p50/p99 per batch size), as the sidecar's policy needs."""
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
-    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 
     p50, p99 = [], []
     with grpcclient.InferenceServerClient(url) as client:
@@ -154,7 +159,7 @@ def perf_analyzer(binary: Path, url: str, window_ms: int, load: list[str], slo_u
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process, all its threads and its children (Triton's backend stubs); 0 for a
     process that is gone."""
-    import psutil
+    import psutil  # lazy: psutil
 
     total = 0.0
     with contextlib.suppress(psutil.Error):
@@ -168,7 +173,7 @@ def cpu_seconds(pid: int) -> float:
 
 def rows_served(grpc_url: str) -> int:
     """Rows Triton has run the trivial model on (its inference statistics; an echo floor's own count)."""
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
     with grpcclient.InferenceServerClient(grpc_url) as client:
         return client.get_inference_statistics(MODEL).model_stats[0].inference_count
@@ -202,9 +207,6 @@ class _Process:
 def floor_server(triton_url: str, mode: str, processes: int = 1):
     """A :mod:`.grpc_floor` server in front of Triton, in ``processes`` processes on one port (gRPC binds with
     SO_REUSEPORT, so the kernel spreads connections over them); yields its gRPC URL and first process."""
-    import socket
-
-    from scheduler_sidecar.live.die_with_parent import wrap
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -245,59 +247,58 @@ def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us:
 def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cprofile: Path | None,
           cpu_rate: float = 1000.0, front_ends: tuple[str, ...] = FRONT_ENDS, py_spy: Path | None = None,
           floor: bool = False, progress=lambda msg: None) -> dict:
-    from export.repository import write_static
-    from scheduler_sidecar.experiments.perf_analyzer import ensure
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
+    from export.repository import write_static  # lazy: torch
+
+    def profiled(tritons) -> None:
+        progress("profiling the trivial model")
+        measure_profile(tritons[0].grpc_url, profile)
 
     binary = ensure()
     with tempfile.TemporaryDirectory() as tmp:
         repository, profile = Path(tmp) / "repository", Path(tmp) / "profile.json"
         write_static(repository, MODEL, trivial_model(), IMAGE_SIZE, NUM_CLASSES, MODEL)
-        with TritonServer(repository=repository) as triton:
-            progress("profiling the trivial model")
-            measure_profile(triton.grpc_url, profile)
-            python_args = ["-m", "cProfile", "-o", str(cprofile)] if cprofile else []
-            with SidecarServer(workers=[triton.grpc_url], profile=profile, python_args=python_args,
-                               extra_args=["--model-name", MODEL]) as sidecar:
-                targets = {"direct": (triton.grpc_url, None), "sidecar": (sidecar.grpc_url, round(slo_ms * 1e3))}
-                http = {"direct": triton.http_url, "sidecar": sidecar.http_url}
-                cpu: dict[str, dict] = {}
-                proxy_peak: dict[str, dict] = {}  # front-end processes -> the proxy floor's peak (with --floor)
-                for front_end in front_ends:
-                    for name, (url, slo) in targets.items():
-                        progress(f"{name}: CPU per request over {front_end} at {cpu_rate:g} requests/s")
-                        cpu.setdefault(front_end, {})[name] = cpu_per_request(
-                            binary, http[name] if front_end == "http" else url, window_ms, cpu_rate, slo,
-                            front_end, triton, sidecar if name == "sidecar" else None)
-                if floor:
-                    for mode in ("echo", "proxy"):
-                        progress(f"{mode} floor: CPU per request over grpc at {cpu_rate:g} requests/s")
-                        with floor_server(triton.grpc_url, mode) as (url, process):
-                            cpu.setdefault("floor", {})[mode] = cpu_per_request(
-                                binary, url, window_ms, cpu_rate, None, "grpc", triton, process, counted_at=url)
-                    for processes in (1, 2):  # do more front-end processes pay on this machine?
-                        with floor_server(triton.grpc_url, "proxy", processes) as (url, _):
-                            runs = {}
-                            for c in concurrency:
-                                progress(f"proxy floor in {processes} process(es): throughput at concurrency {c}")
-                                runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], None)
-                            best = max(runs, key=lambda c: runs[c]["throughput_qps"])
-                            proxy_peak[str(processes)] = {"concurrency": best, **runs[best]}
-                if py_spy is not None:
-                    progress(f"sidecar: sampling its stacks over gRPC at {cpu_rate:g} requests/s")
-                    sample(binary, sidecar.grpc_url, window_ms, cpu_rate, targets["sidecar"][1], sidecar.pid, py_spy)
-                at_rate, peak = {}, {}
+        python_args = ["-m", "cProfile", "-o", str(cprofile)] if cprofile else []
+        with deploy(repository, [MODEL], profile=profile, before_sidecar=profiled, python_args=python_args,
+                    sidecar_args=["--model-name", MODEL]) as d:
+            (triton,), sidecar = d.tritons, d.sidecar
+            targets = {"direct": (triton.grpc_url, None), "sidecar": (sidecar.grpc_url, round(slo_ms * 1e3))}
+            http = {"direct": triton.http_url, "sidecar": sidecar.http_url}
+            cpu: dict[str, dict] = {}
+            proxy_peak: dict[str, dict] = {}  # front-end processes -> the proxy floor's peak (with --floor)
+            for front_end in front_ends:
                 for name, (url, slo) in targets.items():
-                    progress(f"{name}: latency at {rate:g} requests/s")
-                    at_rate[name] = perf_analyzer(binary, url, window_ms, [
-                        "--request-rate-range", str(rate), "--request-distribution", "constant"], slo)
-                    runs = {}
-                    for c in concurrency:
-                        progress(f"{name}: throughput at concurrency {c}")
-                        runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], slo)
-                    best = max(runs, key=lambda c: runs[c]["throughput_qps"])
-                    peak[name] = {"concurrency": best, **runs[best]}
+                    progress(f"{name}: CPU per request over {front_end} at {cpu_rate:g} requests/s")
+                    cpu.setdefault(front_end, {})[name] = cpu_per_request(
+                        binary, http[name] if front_end == "http" else url, window_ms, cpu_rate, slo,
+                        front_end, triton, sidecar if name == "sidecar" else None)
+            if floor:
+                for mode in ("echo", "proxy"):
+                    progress(f"{mode} floor: CPU per request over grpc at {cpu_rate:g} requests/s")
+                    with floor_server(triton.grpc_url, mode) as (url, process):
+                        cpu.setdefault("floor", {})[mode] = cpu_per_request(
+                            binary, url, window_ms, cpu_rate, None, "grpc", triton, process, counted_at=url)
+                for processes in (1, 2):  # do more front-end processes pay on this machine?
+                    with floor_server(triton.grpc_url, "proxy", processes) as (url, _):
+                        runs = {}
+                        for c in concurrency:
+                            progress(f"proxy floor in {processes} process(es): throughput at concurrency {c}")
+                            runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], None)
+                        best = max(runs, key=lambda c: runs[c]["throughput_qps"])
+                        proxy_peak[str(processes)] = {"concurrency": best, **runs[best]}
+            if py_spy is not None:
+                progress(f"sidecar: sampling its stacks over gRPC at {cpu_rate:g} requests/s")
+                sample(binary, sidecar.grpc_url, window_ms, cpu_rate, targets["sidecar"][1], sidecar.pid, py_spy)
+            at_rate, peak = {}, {}
+            for name, (url, slo) in targets.items():
+                progress(f"{name}: latency at {rate:g} requests/s")
+                at_rate[name] = perf_analyzer(binary, url, window_ms, [
+                    "--request-rate-range", str(rate), "--request-distribution", "constant"], slo)
+                runs = {}
+                for c in concurrency:
+                    progress(f"{name}: throughput at concurrency {c}")
+                    runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], slo)
+                best = max(runs, key=lambda c: runs[c]["throughput_qps"])
+                peak[name] = {"concurrency": best, **runs[best]}
     return {
         "added_p50_ms": round(at_rate["sidecar"]["p50_ms"] - at_rate["direct"]["p50_ms"], 3),
         "added_p99_ms": round(at_rate["sidecar"]["p99_ms"] - at_rate["direct"]["p99_ms"], 3),

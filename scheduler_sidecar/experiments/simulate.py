@@ -9,7 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler_sidecar.systems import POLICIES
+from loadtest.traces import Trace
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.errors import ConfigError
+from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.systems import make_policy, option_names, policies, policy_class
+from scheduler_sidecar.systems.loki.data import load_pipeline
+from scheduler_sidecar.systems.loki.planner import LokiConfig
+from scheduler_sidecar.systems.superserve.optimal import solve_optimal
 
 MAX_OPTIMAL_QUERIES = 200  # the time-indexed ZILP grows quickly; beyond this it is impractical
 
@@ -19,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "simulate", help="simulate a policy on a trace and a profile (discrete-event, profiled latencies)",
         description="Runs the same policy objects as the live sidecar on simulated time. Prints a summary; "
                     "--json prints one JSON object.")
-    p.add_argument("--policy", choices=[*sorted(POLICIES), "optimal"], default="slackfit",
+    p.add_argument("--policy", choices=[*sorted(policies()), "optimal"], default="slackfit",
                    help="scheduling policy; 'optimal' solves the offline ZILP (small traces only)")
     p.add_argument("--profile", type=Path,
                    help="profile JSON (e.g. profiles/superserve_paper.json), or a RAMSIS latency summary CSV "
@@ -79,8 +86,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_queries(trace_path: Path, slo_ms: float) -> tuple[np.ndarray, np.ndarray]:
     """Arrival and deadline times in integer microseconds."""
-    from loadtest.traces import Trace
-
     trace = Trace.load(trace_path)
     arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
     slo_us = np.round(np.where(np.isnan(trace.slo_ms), slo_ms, trace.slo_ms) * 1000).astype(np.int64)
@@ -89,14 +94,12 @@ def load_queries(trace_path: Path, slo_ms: float) -> tuple[np.ndarray, np.ndarra
 
 def load_profile(path: Path, profile_set: str | None = None):
     """A profile JSON, or a RAMSIS summary CSV turned into one (its p95 as p50 and p99, digest A7)."""
-    from scheduler_sidecar.core.profile import Profile
-
     if path.suffix.lower() == ".csv":
         from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv, to_profile
 
         return to_profile(load_summary_csv(path, profile_set))
     if profile_set:
-        raise ValueError("--profile-set applies to a RAMSIS summary CSV profile only")
+        raise ConfigError("--profile-set applies to a RAMSIS summary CSV profile only")
     return Profile.load(path)
 
 
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pipeline:
         return _pipeline(args)
     if args.profile is None:
-        raise ValueError("--profile is required (or --pipeline for a pipeline)")
+        raise ConfigError("--profile is required (or --pipeline for a pipeline)")
     profile = load_profile(args.profile, args.profile_set)
     arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
     fail_at = tuple(float(t) for t in args.fail_at.split(",") if t.strip())
@@ -123,13 +126,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _pipeline(args: argparse.Namespace) -> int:
     """A pipeline's frames through Loki or a baseline; every frame gets the pipeline's SLO."""
-    from scheduler_sidecar.systems.loki.data import load_pipeline
-    from scheduler_sidecar.systems.loki.planner import LokiConfig
-    from scheduler_sidecar.systems.loki.systems import ABLATIONS, SYSTEMS, Setup, metrics, simulate
+    from scheduler_sidecar.experiments.loki.systems import (  # lazy: highspy, pulp
+        ABLATIONS,
+        SYSTEMS,
+        Setup,
+        metrics,
+        simulate,
+    )
 
     systems = SYSTEMS | ABLATIONS
     if args.system not in systems:
-        raise ValueError(f"unknown --system {args.system!r}; choose one of {sorted(systems)}")
+        raise ConfigError(f"unknown --system {args.system!r}; choose one of {sorted(systems)}")
     pipeline = load_pipeline(args.pipeline)
     arrival_us, _ = load_queries(args.trace, pipeline.slo_ms)
     first_s = arrival_us[arrival_us < 10_000_000]
@@ -142,28 +149,18 @@ def _pipeline(args: argparse.Namespace) -> int:
 
 
 def _simulate(args, profile, arrival_us, deadline_us, fail_at) -> dict:
-    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.systems import make_policy
-
-    options: dict[str, object] = {"device": args.device}
-    if args.late_queries:
-        options["late_queries"] = args.late_queries
-    if args.policy in ("ramsis", "jellyfish", "modelswitching"):
-        options.setdefault("late_queries", "serve")  # the paper never drops
-        options.update(slo_ms=args.slo_ms, workers=args.workers, window_ms=args.load_window_ms,
-                       latency_stat=args.latency_stat, loads=args.ramsis_loads)
-        if args.policy == "ramsis" and args.ramsis_policies:
-            options.update(policy_dir=args.ramsis_policies, loads=None)
-        elif args.policy == "ramsis" and not args.ramsis_loads:
-            raise ValueError("--policy ramsis needs --ramsis-policies DIR (from `accscale ramsis generate`) or "
-                             "--ramsis-loads L1,L2,... (generate the policies now)")
-        if args.policy == "modelswitching":
-            options["profile_s"] = args.ms_profile_s
-    if args.policy == "slackfit":
-        options.update(num_buckets=args.num_buckets, below_buckets=args.below_buckets)
-    if args.policy == "clipper" and args.clipper_subnet:
-        options["variant_id"] = args.clipper_subnet
-    policy = make_policy(args.policy, profile, **options)
+    cls = policy_class(args.policy)
+    # each flag goes to the policies whose constructors take its option
+    flags = {"device": args.device, "late_queries": args.late_queries or cls.paper_late_queries,
+             "num_buckets": args.num_buckets, "below_buckets": args.below_buckets, "variant_id": args.clipper_subnet,
+             "slo_ms": args.slo_ms, "workers": args.workers, "window_ms": args.load_window_ms,
+             "latency_stat": args.latency_stat, "profile_s": args.ms_profile_s,
+             "policy_dir": args.ramsis_policies, "loads": None if args.ramsis_policies else args.ramsis_loads}
+    accepted = option_names(cls)
+    if "policy_dir" in accepted and not (args.ramsis_policies or args.ramsis_loads):
+        raise ConfigError(f"--policy {args.policy} needs --ramsis-policies DIR (from `accscale ramsis generate`) or "
+                          "--ramsis-loads L1,L2,... (generate the policies now)")
+    policy = make_policy(args.policy, profile, **{k: v for k, v in flags.items() if k in accepted and v is not None})
     config = SimConfig(workers=args.workers, seed=args.seed, latency_noise=args.latency_noise, fail_at_s=fail_at)
     result = Simulator(policy, config, admission=args.admission).run(arrival_us, deadline_us)
     if args.dynamics_csv:
@@ -181,18 +178,16 @@ def write_dynamics(dynamics: dict[str, np.ndarray], path: Path) -> None:
 
 
 def _optimal(args, profile, arrival_us, deadline_us, fail_at) -> dict:
-    from scheduler_sidecar.systems.superserve.optimal import solve_optimal
-
     ignored = [flag for flag, used in (("--fail-at", fail_at),
                                        ("--late-queries serve", args.late_queries == "serve"),
                                        ("--latency-noise tail", args.latency_noise == "tail"),
                                        ("--dynamics-csv", args.dynamics_csv)) if used]
     if ignored:
-        raise ValueError(f"--policy optimal does not support {', '.join(ignored)}: the ZILP assumes healthy "
+        raise ConfigError(f"--policy optimal does not support {', '.join(ignored)}: the ZILP assumes healthy "
                          "workers, p50 latencies and late queries dropped, and has no dynamics; "
                          "remove the option")
     if len(arrival_us) > MAX_OPTIMAL_QUERIES:
-        raise ValueError(f"--policy optimal solves a time-indexed ZILP; {len(arrival_us)} queries is too many "
+        raise ConfigError(f"--policy optimal solves a time-indexed ZILP; {len(arrival_us)} queries is too many "
                          f"(at most {MAX_OPTIMAL_QUERIES}); cut the trace")
     result = solve_optimal(arrival_us.tolist(), deadline_us.tolist(), profile, workers=args.workers,
                            device=args.device, time_step_us=args.time_step_us, bound=args.bound)

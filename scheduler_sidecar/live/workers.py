@@ -156,7 +156,7 @@ class TritonWorker:
     async def set_instances(self, model: str, instances: int) -> Scaled:
         """Reload ``model`` with its config's instance count set to ``instances`` (Triton serves the old
         instances until the new ones are ready); a model that is not loaded gets the count when it is."""
-        from google.protobuf import json_format
+        from google.protobuf import json_format  # lazy: google
 
         self._instances[model] = instances
         try:

@@ -27,7 +27,7 @@ from scheduler_sidecar.server.loop_lag import LoopLag
 from scheduler_sidecar.server.memory import trim_freed_memory
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
 from scheduler_sidecar.server.protocol import InferRequest, ModelInfo, quote
-from scheduler_sidecar.systems import POLICIES, make_policy
+from scheduler_sidecar.systems import PlannerContext, make_policy, option_names, policy_class
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Sidecar:
             # Proteus' worker is one device, one batch at a time; Loki's and HybridServe's is a Triton whose BLS
             # model (the pipeline, the cascade) holds a batch through every hop, one per instance at once, each
             # calling the stage models, whose instances the plan scales: its instances are the slots
-            bls = self.config.planner.kind in ("loki", "hybridserve") and resident
+            bls = self.config.planner.entry.bls_slots and resident
             slots = await _slots(worker, tuple(sorted(resident))) if bls else 1
             self.driver.add_worker(worker, slots, device=device, resident=resident)
         self.metrics.worker_healthy.labels(worker.url).set(1)
@@ -160,21 +160,13 @@ class Sidecar:
 
     async def _first_plan(self) -> None:
         """Build the planner, make the first plan and wait until its placement is carried out."""
-        from scheduler_sidecar.systems.proteus.planner import ProteusPlanner
-
         assert self.driver is not None and self.config.planner is not None
-        engine = self.driver.engine
-        if self.config.planner.kind == "loki":
-            planner = self.config.planner.loki_planner()
-        elif self.config.planner.kind == "hybridserve":  # seconds of search: off the event loop
-            bls = self.profiles[self.config.models[0].name].variants[-1].actuation.model  # the one cascade's
-            slots = self.driver.slots
-            planner = await asyncio.get_running_loop().run_in_executor(
-                None, self.config.planner.hybridserve_planner, bls, lambda sid: slots[sid].worker.url)
-        else:
-            planner = ProteusPlanner(self.profiles, [(w.id, w.device) for w in engine.workers],
-                                     {m.name: m.default_slo_us / 1000 for m in self.config.models},
-                                     self.config.planner.proteus_config())
+        engine, slots = self.driver.engine, self.driver.slots
+        context = PlannerContext(self.profiles, {m.name: m.default_slo_us / 1000 for m in self.config.models},
+                                 [(w.id, w.device) for w in engine.workers], lambda sid: slots[sid].worker.url)
+        spec = self.config.planner
+        # a planner may search for seconds (HybridServe's Algorithms 1 and 2): off the event loop
+        planner = await asyncio.get_running_loop().run_in_executor(None, spec.entry.build, spec.settings, context)
         self.driver.use_planner(planner)
         deadline = asyncio.get_running_loop().time() + self.config.startup_wait_s
         while engine.placing and asyncio.get_running_loop().time() < deadline:
@@ -265,14 +257,14 @@ class Sidecar:
         if self.config.planner is not None and policy != self.config.planner.policy:
             raise InvalidRequest(f"the {self.config.planner.kind} planner routes for its own policy; "
                                  f"{quote(policy)} cannot serve a planned model")
-        files = sorted(set(options) & getattr(POLICIES.get(policy), "file_options", frozenset()))
-        if files:
-            raise InvalidRequest(f"options {files} name files on the sidecar's machine; set them in its config file")
         try:
             spec = replace(next(s for s in self.config.models if s.name == name), policy=policy,
                            policy_options=options)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
+        files = sorted(set(options) & policy_class(policy).file_options)
+        if files:
+            raise InvalidRequest(f"options {files} name files on the sidecar's machine; set them in its config file")
         async with self._admin:
             try:
                 new = await asyncio.get_running_loop().run_in_executor(None, model_policy, spec, model.profile)
@@ -302,7 +294,8 @@ def _options(spec: ModelSpec) -> ModelOptions:
 
 def model_policy(spec: ModelSpec, profile: Profile) -> Policy:
     """The policy a logical model is served by (a simulation of the sidecar builds the same)."""
-    routed = {"query_type": spec.name} if spec.policy == "proteus" else {}  # a plan's routes name the logical model
+    # a planned policy's routes name the logical model it serves
+    routed = {"query_type": spec.name} if "query_type" in option_names(policy_class(spec.policy)) else {}
     return make_policy(spec.policy, profile, **{"overhead_us": spec.overhead_us, **routed, **spec.policy_options})
 
 

@@ -79,7 +79,7 @@ def _c_stdout_silenced() -> Iterator[None]:
 
 def _flush_c_stdio() -> None:
     """fflush(NULL): what C code left in stdio buffers goes where fd 1 points now."""
-    import ctypes
+    import ctypes  # lazy: ctypes
 
     try:
         ctypes.CDLL(None).fflush(None)

@@ -1,6 +1,6 @@
 """``accscale bench fidelity --system hybridserve``: HybridServe live against HybridServe simulated.
 
-The HybridServe demo's family and cascade BLS (:mod:`scheduler_sidecar.experiments.hybridserve_demo`) on one Triton
+The HybridServe demo's family and cascade BLS (:mod:`scheduler_sidecar.experiments.hybridserve.demo`) on one Triton
 whose models run its emulated slowdown, the sidecar with ``[planner] kind = "hybridserve"`` (``--mode``,
 ``--instances``, ``--rounding``, ``--no- prune``), and a gamma trace (CV² 4) at ``--rate-qps`` whose payload indices
 are samples of the family's test split. Simulated by :mod:`~scheduler_sidecar.systems.hybridserve. simulation` with
@@ -25,7 +25,6 @@ import argparse
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -35,23 +34,13 @@ from loadtest.loadtest_cli import Replay, replay, save_payloads
 from loadtest.requestlog import RequestLog
 from loadtest.traces import Trace, gamma, with_payloads, with_slo
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.experiments import hybridserve_demo as demo
-from scheduler_sidecar.live.triton_launcher import TritonServer
-from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.experiments.deployment import Device, deploy
+from scheduler_sidecar.experiments.fidelity.common import Progress, client_delay_ms, gaps, sidecar_view
+from scheduler_sidecar.experiments.hybridserve import demo
+from scheduler_sidecar.experiments.hybridserve.simulation import simulate
+from scheduler_sidecar.processes.sidecar import SidecarServer
 from scheduler_sidecar.systems.hybridserve.family import Family
 from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
-from scheduler_sidecar.systems.hybridserve.simulation import simulate
-
-if TYPE_CHECKING:
-    from loadtest.requestlog import RequestLog
-    from loadtest.traces import Trace
-    from scheduler_sidecar.server.serve import SidecarServer
-from scheduler_sidecar.experiments.fidelity.common import (
-    Progress,
-    client_delay_ms,
-    gaps,
-    sidecar_view,
-)
 
 INSTANCES = 16  # --instances' default: the model instances the replicas share
 # the driver's line for a model's instance count set (reloaded, unchanged, or deferred to its next load)
@@ -74,11 +63,9 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     profile = demo.cascade_profile(tmp / "profile.json", family, planner.point, config.slowdown)
     # the Triton model the sidecar calls (the BLS, or the largest model alone), then the cascade's
     served = tuple(dict.fromkeys((Profile.load(profile).variants[0].actuation.model, *cascade.models)))
-    sidecar_config = tmp / "sidecar.toml"
-    sidecar_config.write_text(demo.sidecar_config(stamp, profile, args.mode, args.prune, config, args.slo_ms))
-    with TritonServer(repository=demo.write_bls(family, planner.bls_plan), models=[*family.names, demo.BLS],
-                      emulate_slowdown=config.slowdown) as triton, \
-            SidecarServer(workers=[triton.grpc_url], config=sidecar_config) as sidecar:
+    with deploy(demo.write_bls(family, planner.bls_plan), [*family.names, demo.BLS], [Device(config.slowdown)],
+                config=demo.sidecar_config(stamp, profile, args.mode, args.prune, config, args.slo_ms)) as d:
+        (triton,), sidecar = d.tritons, d.sidecar
         reloads = _logged(sidecar, RELOADED, len(planner.instances))  # the plan's instance counts are in place
         progress(f"replaying {len(sample)} requests through the sidecar and the {' -> '.join(cascade.models)} cascade")
         before = _triton_stats(triton.grpc_url, served)

@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from loadtest.traces import Trace
-from scheduler_sidecar.experiments import loki_demo
+from scheduler_sidecar.experiments.deployment import Device, deploy
 from scheduler_sidecar.experiments.fidelity.common import LOADED, Progress, default_trace, gaps
-from scheduler_sidecar.live.triton_launcher import TritonServer
-from scheduler_sidecar.server.serve import SidecarServer
-from scheduler_sidecar.systems.loki import systems
+from scheduler_sidecar.experiments.loki import demo as loki_demo
+from scheduler_sidecar.experiments.loki import systems
 from scheduler_sidecar.systems.loki.data import trained
 from scheduler_sidecar.systems.loki.planner import LokiConfig
 
@@ -33,15 +32,14 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     folder = args.build_dir / "loki-demo-small"
     progress(f"building (or reusing) the Loki pipeline in {folder}")
     instances = args.instances or INSTANCES
-    stamp, profile, models, slowdown = loki_demo.deploy(folder, args.slo_ms, None, instances, "small")
+    stamp, profile, models, slowdown = loki_demo.build_pipeline(folder, args.slo_ms, None, instances, "small")
     pipeline = trained(stamp).scaled(slowdown)
     trace = Trace.load(default_trace(args, tmp, base_qps=5.0, variant_qps=10.0))
     demo = argparse.Namespace(instances=instances, slowdown=slowdown, period_s=5.0, headroom=1.0,
                               slo_ms=args.slo_ms)
-    config = tmp / "sidecar.toml"
-    config.write_text(loki_demo.sidecar_config(stamp, profile, demo))
-    with TritonServer(repository=folder / "repository", models=[loki_demo.BLS], emulate_slowdown=slowdown) as triton, \
-            SidecarServer(workers=[triton.grpc_url], config=config) as sidecar:
+    with deploy(folder / "repository", [loki_demo.BLS], [Device(slowdown)],
+                config=loki_demo.sidecar_config(stamp, profile, demo)) as d:
+        sidecar = d.sidecar
         progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, "
                  f"SLO {args.slo_ms:g} ms")
         frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))

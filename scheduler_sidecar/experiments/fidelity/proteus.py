@@ -1,6 +1,6 @@
 """``accscale bench fidelity --system proteus``: Proteus live against Proteus simulated.
 
-The Proteus demo's deployment (:mod:`scheduler_sidecar.experiments.proteus_demo`): its three families, one Triton
+The Proteus demo's deployment (:mod:`scheduler_sidecar.experiments.proteus.demo`): its three families, one Triton
 per device of its two emulated kinds, the sidecar with the Proteus planner, a logical model per query type. Each
 type has its own trace (the demo's load: ``--base-qps`` each, digits at ``--burst-qps`` in the middle third),
 replayed together as one schedule. Simulated: the same planner (ProteusPlanner with the sidecar config's
@@ -27,7 +27,6 @@ p99).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 from collections import defaultdict
 from collections.abc import Mapping
@@ -42,8 +41,8 @@ from loadtest.requestlog import RequestLog
 from loadtest.traces import compress
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Outcome
-from scheduler_sidecar.experiments import proteus_demo as demo
-from scheduler_sidecar.experiments.proteus_demo import rate_qps
+from scheduler_sidecar.experiments.proteus import demo
+from scheduler_sidecar.experiments.proteus.demo import rate_qps
 from scheduler_sidecar.server.config import load
 from scheduler_sidecar.server.service import model_policy
 from scheduler_sidecar.sim.results import OUTCOME_CODES
@@ -76,8 +75,8 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     repository, paths = demo.families(args.build_dir)
     traces = {q: _demo_trace(q, args, tmp / f"trace-{q}.txt", seed) for seed, q in enumerate(paths)}
     replays = [Replay(q, traces[q], save_payloads(tmp / f"payloads-{q}.npz", *demo.samples(q))) for q in paths]
-    with contextlib.ExitStack() as stack:
-        tritons, sidecar = demo.deploy(stack, repository, paths, tmp, slo_ms=args.slo_ms, period_s=args.period_s)
+    with demo.deployment(repository, paths, tmp, slo_ms=args.slo_ms, period_s=args.period_s) as d:
+        tritons, sidecar = d.tritons, d.sidecar
         progress(f"replaying {', '.join(paths)} through the sidecar, the Proteus planner and {len(tritons)} Tritons")
         client = replay(replays, sidecar.grpc_url, tmp / "run", slo_ms=args.slo_ms, progress_s=0 if args.json else 5.0)
         server = sidecar_view(sidecar.http_url)
@@ -199,7 +198,7 @@ def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], lo
     assert config.planner is not None
     kinds = [config.worker_devices[url] for url in config.workers]  # the sidecar's worker ids follow this order
     planner = ProteusPlanner(profiles, list(enumerate(kinds)), {m.name: m.default_slo_us / 1000 for m in config.models},
-                             config.planner.proteus_config())
+                             config.planner.settings)
     every = frozenset(v.actuation.model for p in profiles.values() for v in p.variants)
     world = World(tuple(SimWorker(kind, resident=every) for kind in kinds), load_ms=measured.load_ms,
                   batch_overhead_ms=measured.batch_overhead_ms)

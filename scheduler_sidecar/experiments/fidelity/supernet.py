@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,9 +17,7 @@ from loadtest.loadtest_cli import loadtest
 from loadtest.traces import Trace
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.experiments.simulate import load_queries
-from scheduler_sidecar.live.triton_launcher import TritonServer
 from scheduler_sidecar.server.config import ModelSpec
-from scheduler_sidecar.server.serve import SidecarServer
 from scheduler_sidecar.server.service import model_policy
 from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 from scheduler_sidecar.systems.ramsis.generate import generate_set
@@ -30,6 +27,7 @@ from scheduler_sidecar.systems.ramsis.policy import SLACK_STEPS
 
 if TYPE_CHECKING:
     pass
+from scheduler_sidecar.experiments.deployment import Device, deploy
 from scheduler_sidecar.experiments.fidelity.common import (
     Progress,
     default_trace,
@@ -48,15 +46,12 @@ def _single_model(args: argparse.Namespace, tmp: Path, progress: Progress, polic
     trace_path = default_trace(args, tmp)
     trace = Trace.load(trace_path)
     spec = ModelSpec(MODEL, args.profile, policy, options, default_slo_us=round(args.slo_ms * 1000))
-    config = tmp / "sidecar.toml"
-    config.write_text(f'[[models]]\nname = "{MODEL}"\nprofile = "{args.profile}"\npolicy = "{policy}"\n'
-                      f"default_slo_us = {spec.default_slo_us}\n[models.policy_options]\n"
-                      + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items()))
+    config = (f'[[models]]\nname = "{MODEL}"\nprofile = "{args.profile}"\npolicy = "{policy}"\n'
+              f"default_slo_us = {spec.default_slo_us}\n[models.policy_options]\n"
+              + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items()))
     models = sorted({v.actuation.model for v in profile.variants})
-    with contextlib.ExitStack() as stack:
-        tritons = [stack.enter_context(TritonServer(repository=args.repository, models=models))
-                   for _ in range(args.workers)]
-        sidecar = stack.enter_context(SidecarServer(workers=[t.grpc_url for t in tritons], config=config))
+    with deploy(args.repository, models, [Device()] * args.workers, config=config) as d:
+        sidecar = d.sidecar
         progress(f"replaying {len(trace)} queries ({trace.mean_rate_qps:.0f} q/s) through the sidecar ({policy})")
         client = loadtest(trace_path, sidecar.grpc_url, tmp / "run", model=MODEL, slo_ms=args.slo_ms,
                           progress_s=0 if args.json else 5.0)["summary"]

@@ -20,7 +20,7 @@ def nll(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0) -> flo
 def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
     """The T minimising :func:`nll` (bounded search over log T); 1 where the search finds nothing better, so the
     fitted NLL is never above the uncalibrated one."""
-    from scipy.optimize import minimize_scalar
+    from scipy.optimize import minimize_scalar  # lazy: scipy
 
     best = minimize_scalar(lambda log_t: nll(logits, labels, float(np.exp(log_t))), bounds=LOG_T_BOUNDS,
                            method="bounded", options={"xatol": 1e-4})

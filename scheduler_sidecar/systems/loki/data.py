@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scheduler_sidecar.core.profile import PROFILES_DIR, LatencyCurve
+from scheduler_sidecar.errors import ProfileError
 from scheduler_sidecar.systems.loki.pipeline import Pipeline, StageVariant, Task
 
 DATA_DIR = PROFILES_DIR / "loki"
@@ -29,7 +30,7 @@ DETECTOR, CARS, FACES = "object_detection", "car_classification", "facial_recogn
 def traffic_analysis(*, serial: bool = False, statistic: str = "p50_ms", path: Path = PROFILE_CSV,
                      branching: Path = BRANCHING_CSV) -> Pipeline:
     if statistic not in ("p50_ms", "p90_ms", "mean_ms"):
-        raise ValueError(f"statistic must be p50_ms, p90_ms or mean_ms, got {statistic!r}")
+        raise ProfileError(f"statistic must be p50_ms, p90_ms or mean_ms, got {statistic!r}")
     rows: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
     accuracy: dict[str, float] = {}
     with open(path, newline="") as fh:
@@ -84,5 +85,5 @@ def load_pipeline(name_or_path: str) -> Pipeline:
         return traffic_analysis(serial=name_or_path.endswith("serial"))
     path = Path(name_or_path)
     if not path.is_file():
-        raise ValueError(f"--pipeline: {name_or_path!r} is neither traffic-analysis nor a pipeline's loki.json")
+        raise ProfileError(f"--pipeline: {name_or_path!r} is neither traffic-analysis nor a pipeline's loki.json")
     return trained(path)

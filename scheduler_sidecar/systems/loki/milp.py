@@ -197,7 +197,7 @@ def enumerate_plans(pipeline: Pipeline, demand_qps: float, workers: int, *,
     """Exhaustive reference for small serial pipelines: (the best accuracy over every allocation and batch choice,
     each with an LP over the path shares; the fewest workers that serve the demand with the top variants, or
     None). Used by the tests to check the MILP."""
-    from scipy.optimize import linprog
+    from scipy.optimize import linprog  # lazy: scipy
 
     if len(pipeline.tasks) != len(pipeline.leaves) + 1 and len(pipeline.tasks) > 1:
         raise ValueError("enumeration covers serial pipelines")

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.errors import ProfileError
 
 DEVICE = "gpu"  # Loki's cluster is homogeneous (digest A23): one device kind
 
@@ -62,27 +63,27 @@ class Pipeline:
     def __post_init__(self) -> None:
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
-            raise ValueError(f"{self.name}: task names repeat: {names}")
+            raise ProfileError(f"{self.name}: task names repeat: {names}")
         ids = [v.id for t in self.tasks for v in t.variants]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"{self.name}: a variant id names one model of one task; repeated: {ids}")
+            raise ProfileError(f"{self.name}: a variant id names one model of one task; repeated: {ids}")
         seen = {self.tasks[0].name}
         for t in self.tasks:
             if not t.variants:
-                raise ValueError(f"{self.name}: task {t.name!r} has no variants")
+                raise ProfileError(f"{self.name}: task {t.name!r} has no variants")
             if [v.accuracy for v in t.variants] != sorted((v.accuracy for v in t.variants), reverse=True):
-                raise ValueError(f"{self.name}: task {t.name!r} must list its variants most accurate first")
+                raise ProfileError(f"{self.name}: task {t.name!r} must list its variants most accurate first")
             for c in t.children:
                 if c in seen or c not in names:
-                    raise ValueError(f"{self.name}: child {c!r} of {t.name!r} is unknown or not after its parent "
+                    raise ProfileError(f"{self.name}: child {c!r} of {t.name!r} is unknown or not after its parent "
                                      "(a pipeline is a tree in topological order)")
                 seen.add(c)
             for v in t.variants:
                 if set(v.fanout) != set(t.children):
-                    raise ValueError(f"{self.name}: variant {v.id!r} must give a fan-out for exactly the children "
+                    raise ProfileError(f"{self.name}: variant {v.id!r} must give a fan-out for exactly the children "
                                      f"{list(t.children)}")
         if len(seen) != len(self.tasks):
-            raise ValueError(f"{self.name}: tasks {sorted(set(names) - seen)} are not reachable from the root")
+            raise ProfileError(f"{self.name}: tasks {sorted(set(names) - seen)} are not reachable from the root")
         object.__setattr__(self, "_index", {v.id: (t, v) for t in self.tasks for v in t.variants})
 
     # ------------------------------------------------------------------ structure

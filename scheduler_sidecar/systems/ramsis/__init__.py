@@ -9,13 +9,17 @@
 - ``load_curve``: the Twitter load curve the paper replays.
 - ``online``: the load monitor, the round-robin balancer and the per-load pick.
 - ``policy``: the registered online policies ``ramsis``, ``jellyfish`` and ``modelswitching``.
-- ``reproduce``: ``accscale reproduce ramsis`` (Fig. 5 in simulation).
-- ``cli``, ``bench``: ``accscale ramsis ...`` and ``accscale bench ramsis``.
+
+Its reproduction, ``accscale ramsis ...`` and ``accscale bench ramsis`` are in ``experiments/ramsis``.
 """
 
 from scheduler_sidecar.core.profile import PROFILES_DIR
+from scheduler_sidecar.systems import System
+from scheduler_sidecar.systems.ramsis.policy import JellyfishPlus, ModelSwitching, Ramsis
 
 DATA_DIR = PROFILES_DIR / "ramsis"
 LATENCY_CSV = DATA_DIR / "ramsis_cpu_latency.csv"
 MODELSWITCHING_CSV = DATA_DIR / "modelswitching_static_choice_image_cpu_slo150ms.csv"
 TWITTER_CURVE = DATA_DIR / "twitter_04_25_norm.txt"
+
+SYSTEM = System("ramsis", (Ramsis, JellyfishPlus, ModelSwitching))

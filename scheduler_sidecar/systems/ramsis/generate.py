@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.systems.ramsis.mdp import MdpSpec, build_mdp
 from scheduler_sidecar.systems.ramsis.model_table import ModelTable
 from scheduler_sidecar.systems.ramsis.policy_file import RamsisPolicy
@@ -69,7 +70,7 @@ def refine_loads(accuracy_at: Callable[[float], float], loads: list[float], gap_
                  min_step_qps: float = MIN_STEP_QPS) -> Refinement:
     """Bisect adjacent loads until their ``accuracy_at`` (a fraction) differs by < ``gap_points`` points."""
     if not loads or min(loads) <= 0:
-        raise ValueError("loads must be a non-empty list of positive queries per second")
+        raise ConfigError("loads must be a non-empty list of positive queries per second")
     known = {float(x): accuracy_at(float(x)) for x in sorted(set(loads))}
     unresolved: set[tuple[float, float]] = set()
     while True:
@@ -145,15 +146,15 @@ def load_set(directory: Path | str) -> list[RamsisPolicy]:
     try:
         index = json.loads((directory / INDEX_FILE).read_text())
     except FileNotFoundError:
-        raise ValueError(f"{directory}: no {INDEX_FILE}; generate it with `accscale ramsis generate`") from None
+        raise ConfigError(f"{directory}: no {INDEX_FILE}; generate it with `accscale ramsis generate`") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{directory / INDEX_FILE}: not JSON ({exc})") from None
+        raise ConfigError(f"{directory / INDEX_FILE}: not JSON ({exc})") from None
     except OSError as exc:  # not a directory, unreadable
-        raise ValueError(f"{directory}: cannot read {INDEX_FILE} ({exc.strerror})") from None
+        raise ConfigError(f"{directory}: cannot read {INDEX_FILE} ({exc.strerror})") from None
     try:
         files = [e["file"] for e in index["policies"]]
     except (KeyError, TypeError):
-        raise ValueError(f"{directory / INDEX_FILE}: policies: expected a list of {{load_qps, file}}") from None
+        raise ConfigError(f"{directory / INDEX_FILE}: policies: expected a list of {{load_qps, file}}") from None
     return sorted((RamsisPolicy.load(directory / f) for f in files), key=lambda p: p.load_qps)
 
 
@@ -170,7 +171,7 @@ def pick_policy(policies: list[RamsisPolicy], load_qps: float) -> tuple[RamsisPo
     # for a generation; the caller reports the condition.
     """
     if not policies:
-        raise ValueError("no RAMSIS policies to pick from")
+        raise ConfigError("no RAMSIS policies to pick from")
     ordered = sorted(policies, key=lambda p: p.load_qps)
     for p in ordered:
         if p.load_qps >= load_qps:

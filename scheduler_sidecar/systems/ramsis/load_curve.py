@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scheduler_sidecar.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class LoadCurve:
@@ -24,12 +26,12 @@ def load_curve(path: Path | str) -> LoadCurve:
     try:
         lines = [ln.split() for ln in path.read_text().splitlines() if ln.strip()]
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such load curve") from None
+        raise ConfigError(f"{path}: no such load curve") from None
     try:
         t, q = zip(*((float(a), float(b)) for a, b in lines))
     except ValueError:
-        raise ValueError(f"{path}: every line must be 't_seconds rate_qps'") from None
+        raise ConfigError(f"{path}: every line must be 't_seconds rate_qps'") from None
     start, qps = np.array(t), np.array(q)
     if np.any(np.diff(start) <= 0) or np.any(qps < 0):
-        raise ValueError(f"{path}: times must ascend and rates be >= 0")
+        raise ConfigError(f"{path}: times must ascend and rates be >= 0")
     return LoadCurve(start, qps)

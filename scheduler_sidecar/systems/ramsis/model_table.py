@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant, pareto_front
+from scheduler_sidecar.errors import ProfileError
 
 MAX_QUEUE = 32  # N_w (§4.2.3, §6): the paper's maximum modelled worker-queue length
 CSV_COLUMNS = ("profile_set", "model", "batch_size", "accuracy_pct")
@@ -66,7 +67,7 @@ class ModelTable:
     def select(self, model_ids: list[str]) -> ModelTable:
         missing = [m for m in model_ids if m not in self.model_ids]
         if missing:
-            raise ValueError(f"{self.name}: no model {missing}; it has {list(self.model_ids)}")
+            raise ProfileError(f"{self.name}: no model {missing}; it has {list(self.model_ids)}")
         return self.subset([self.model_ids.index(m) for m in model_ids])
 
 
@@ -86,7 +87,7 @@ def fill_batches(sizes: list[int], values: list[float], max_batch: int) -> np.nd
 def _table(name: str, points: dict[str, tuple[float, list[int], list[float]]], stat: str,
            max_batch: int) -> ModelTable:
     if not points:
-        raise ValueError(f"{name}: no models")
+        raise ProfileError(f"{name}: no models")
     curves = {m: fill_batches(sizes, values, max_batch) for m, (_, sizes, values) in points.items()}
     ids = sorted(points, key=lambda m: (curves[m][0], m))
     acc = np.array([points[m][0] for m in ids])
@@ -99,24 +100,24 @@ def load_summary_csv(path: Path | str, profile_set: str | None = None, stat: str
     """The authors' summary CSV (one row per model and batch size); accuracy_pct becomes a fraction."""
     path = Path(path)
     if stat not in CSV_STATS:
-        raise ValueError(f"{path}: latency statistic {stat!r} is not one of {CSV_STATS}")
+        raise ProfileError(f"{path}: latency statistic {stat!r} is not one of {CSV_STATS}")
     try:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
             rows = list(reader)
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
+        raise ProfileError(f"{path}: no such file") from None
     need = [c for c in (*CSV_COLUMNS, stat) if c not in header]
     if need:
-        raise ValueError(f"{path}: missing column(s) {need}; a RAMSIS summary CSV has {[*CSV_COLUMNS, stat]}")
+        raise ProfileError(f"{path}: missing column(s) {need}; a RAMSIS summary CSV has {[*CSV_COLUMNS, stat]}")
     sets = sorted({r["profile_set"] for r in rows})
     if profile_set is None:
         if len(sets) != 1:
-            raise ValueError(f"{path}: holds profile sets {sets}; choose one (--profile-set)")
+            raise ProfileError(f"{path}: holds profile sets {sets}; choose one (--profile-set)")
         profile_set = sets[0]
     elif profile_set not in sets:
-        raise ValueError(f"{path}: no profile_set {profile_set!r}; it has {sets}")
+        raise ProfileError(f"{path}: no profile_set {profile_set!r}; it has {sets}")
     points: dict[str, tuple[float, list[int], list[float]]] = {}
     for line, r in enumerate(rows, start=2):
         if r["profile_set"] != profile_set:
@@ -124,12 +125,12 @@ def load_summary_csv(path: Path | str, profile_set: str | None = None, stat: str
         try:
             b, lat, acc = int(r["batch_size"]), float(r[stat]), float(r["accuracy_pct"]) / 100.0
         except (TypeError, ValueError):
-            raise ValueError(f"{path}: line {line}: batch_size, {stat} or accuracy_pct is not a number") from None
+            raise ProfileError(f"{path}: line {line}: batch_size, {stat} or accuracy_pct is not a number") from None
         if b < 1 or not math.isfinite(lat) or lat <= 0 or not 0.0 <= acc <= 1.0:
-            raise ValueError(f"{path}: line {line}: batch_size must be >= 1, {stat} > 0 and accuracy_pct in [0, 100]")
+            raise ProfileError(f"{path}: line {line}: batch_size must be >= 1, {stat} > 0 and accuracy_pct in [0, 100]")
         entry = points.setdefault(r["model"], (acc, [], []))
         if entry[0] != acc:
-            raise ValueError(f"{path}: line {line}: model {r['model']} has two accuracies")
+            raise ProfileError(f"{path}: line {line}: model {r['model']} has two accuracies")
         entry[1].append(b)
         entry[2].append(lat)
     return _table(f"{path.stem}:{profile_set}", points, stat, max_batch)
@@ -140,9 +141,9 @@ def from_profile(profile: Profile, device: str | None = None, stat: str = "p99_m
     """A project profile's variants on one device kind; ``stat`` is "p50_ms" or "p99_ms"."""
     device = device or profile.device_kinds[0]
     if device not in profile.device_kinds:
-        raise ValueError(f"profile {profile.name!r} has no device {device!r}; it has {list(profile.device_kinds)}")
+        raise ProfileError(f"profile {profile.name!r} has no device {device!r}; it has {list(profile.device_kinds)}")
     if stat not in ("p50_ms", "p99_ms"):
-        raise ValueError(f"profile {profile.name!r}: latency statistic {stat!r} is not p50_ms or p99_ms")
+        raise ProfileError(f"profile {profile.name!r}: latency statistic {stat!r} is not p50_ms or p99_ms")
     points = {}
     for v in profile.variants:
         curve = v.latency[device]

@@ -20,8 +20,8 @@ parts (load monitor, round-robin balancer) are in ``online.py``.
 # action (the fastest model) on the N_w earliest queries, the rest stay queued; batches never
 # exceed the profile's largest batch size, which a driver can run.
 # Ambiguity (§4.3.1, §7): late queries. The paper serves them ("better served late than
-# never"; no method drops), which ``late_queries="serve"`` does (``accscale simulate`` and
-# ``accscale reproduce ramsis`` pass it). Chosen class default: the project's ``drop`` (a live
+# never"; no method drops), which ``late_queries="serve"`` does (``paper_late_queries``: ``accscale
+# simulate`` and ``accscale reproduce ramsis`` pass it). Chosen class default: the project's ``drop`` (a live
 # client gets DEADLINE_EXCEEDED at once): a worker's head queries whose slack is below the
 # fastest model's batch-1 latency are dropped before the lookup.
 # Ambiguity: the workers seen online differ from the K the policies were made for. Chosen:
@@ -82,6 +82,7 @@ class Ramsis(Policy):
 
     name = "ramsis"
     file_options = frozenset({"policy_dir"})
+    paper_late_queries = LateQueries.SERVE
     routes = True
 
     def __init__(self, profile: Profile, *, policy_dir: str | Path | None = None, slo_ms: float | None = None,
@@ -90,8 +91,8 @@ class Ramsis(Policy):
                  **options) -> None:
         super().__init__(profile, **options)
         self.max_batch = profile.variants[0].latency[self.device].batch_sizes[-1]
-        from scheduler_sidecar.systems.ramsis.generate import generate_set, load_set
-        from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
+        from scheduler_sidecar.systems.ramsis.generate import generate_set, load_set  # lazy: scipy
+        from scheduler_sidecar.systems.ramsis.mdp import MdpSpec  # lazy: scipy
 
         if policy_dir is not None:
             policies = load_set(policy_dir)
@@ -171,6 +172,8 @@ class _LoadGranular(Policy):
     fastest model's peak over K workers; ModelSwitching simulates ``profile_s`` seconds per
     (load, model) there, so give a short grid or ``profile_s`` where start-up time matters).
     """
+
+    paper_late_queries = LateQueries.SERVE
 
     def __init__(self, profile: Profile, *, slo_ms: float | None = None, workers: int | None = None,
                  loads: Sequence[float] | str | None = None, window_ms: float = LOAD_WINDOW_MS,

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from scheduler_sidecar.errors import ConfigError
+
 SCHEMA = "accscale/ramsis-policy/v1"
 META_KEYS = ("profile", "slo_ms", "workers", "load_qps", "slack_steps", "max_queue", "discretization",
              "batching", "reward", "expected_accuracy", "expected_violation_rate")
@@ -82,29 +84,29 @@ class RamsisPolicy:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         except FileNotFoundError:
-            raise ValueError(f"{path}: no such policy file") from None
+            raise ConfigError(f"{path}: no such policy file") from None
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{path}: not a RAMSIS policy .npz ({exc})") from None
+            raise ConfigError(f"{path}: not a RAMSIS policy .npz ({exc})") from None
         need = ("meta", "model_ids", "accuracy", "latency_ms", "slack_grid_ms", "action_model", "action_batch", "full")
         missing = [k for k in need if k not in arrays]
         if missing:
-            raise ValueError(f"{path}: missing array(s) {missing}")
+            raise ConfigError(f"{path}: missing array(s) {missing}")
         try:
             meta = json.loads(str(arrays["meta"]))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: meta: not JSON ({exc})") from None
+            raise ConfigError(f"{path}: meta: not JSON ({exc})") from None
         if meta.pop("schema", None) != SCHEMA:
-            raise ValueError(f"{path}: meta.schema is not {SCHEMA!r}")
+            raise ConfigError(f"{path}: meta.schema is not {SCHEMA!r}")
         absent = [k for k in META_KEYS if k not in meta]
         if absent:
-            raise ValueError(f"{path}: meta: missing {absent}")
+            raise ConfigError(f"{path}: meta: missing {absent}")
         ids = tuple(str(x) for x in arrays["model_ids"])
         am, ab, grid = arrays["action_model"], arrays["action_batch"], arrays["slack_grid_ms"]
         if am.shape != ab.shape or am.ndim != 2 or am.shape[1] != len(grid):
-            raise ValueError(f"{path}: action_model/action_batch must be [N_w + 1, {len(grid)}], got {am.shape}, "
+            raise ConfigError(f"{path}: action_model/action_batch must be [N_w + 1, {len(grid)}], got {am.shape}, "
                              f"{ab.shape}")
         if am.max(initial=-1) >= len(ids) or am[1:].min(initial=0) < 0:
-            raise ValueError(f"{path}: action_model: indices outside model_ids (0..{len(ids) - 1})")
+            raise ConfigError(f"{path}: action_model: indices outside model_ids (0..{len(ids) - 1})")
         full_model, full_batch = (int(x) for x in arrays["full"])
         return cls(meta, ids, arrays["accuracy"], arrays["latency_ms"], grid, am, ab, full_model, full_batch,
                    source=str(path))

@@ -35,6 +35,15 @@ from pathlib import Path
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
+from export.scenes import generate
+from python_backend.pipeline import read_answers
+from scheduler_sidecar.core.plan import Demand
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.experiments.deployment import Answer, Device, Request, deploy, open_loop
+from scheduler_sidecar.sim.results import markdown_table, write_rows
+from scheduler_sidecar.systems.loki.data import trained
+from scheduler_sidecar.systems.loki.live import LivePlanner
+from scheduler_sidecar.systems.loki.planner import LokiConfig
 
 WINDOW_S = 5.0
 MODEL = "scenes"  # the logical model clients call
@@ -68,25 +77,20 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def deploy(folder: Path, slo_ms: float, slowdown: float | None, instances: int,
+def build_pipeline(folder: Path, slo_ms: float, slowdown: float | None, instances: int,
            recipe: str) -> tuple[Path, Path, list[str], float]:
     """Build the pipeline with ``recipe`` (cached), write its BLS model with a first plan, and the logical model's
     profile: (loki.json, the profile's path, the stage models, the slowdown: ``slowdown``, or where None the factor
     that makes one frame's slowest path take half of ``slo_ms``)."""
-    from export import repository
-    from export.loki_models import RECIPES, build
-    from scheduler_sidecar.core.plan import Demand
-    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
-    from scheduler_sidecar.systems.loki.data import trained
-    from scheduler_sidecar.systems.loki.live import LivePlanner
-    from scheduler_sidecar.systems.loki.planner import LokiConfig
+    from export import repository  # lazy: onnx, torch
+    from export.loki_models import RECIPES, build  # lazy: onnx, torch
 
     stamp = build(folder, RECIPES[recipe])
     measured = trained(stamp)
     slowdown = slowdown or max(1.0, slo_ms / 2 / _slowest_path_ms(measured)[0])
     pipeline = measured.scaled(slowdown)
     models = [v.id for t in pipeline.tasks for v in t.variants]
-    planner = LivePlanner(pipeline, instances, LokiConfig(min_demand_qps=1.0), )
+    planner = LivePlanner(pipeline, instances, LokiConfig(min_demand_qps=1.0))
     first = planner.plan(0, Demand(0, 1, {})).detail.bls
     repository.write_loki_pipeline(folder / "repository", BLS, first, models, instances=BLS_INSTANCES)
     # the whole pipeline as one variant, for the sidecar's admission and queue
@@ -108,25 +112,18 @@ def _slowest_path_ms(pipeline) -> tuple[float, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import contextlib
-
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
-
     out = args.out or Path("runs") / time.strftime("loki-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     folder = args.build_dir / ("loki-demo" if args.recipe == "full" else f"loki-demo-{args.recipe}")
-    stamp, profile, models, args.slowdown = deploy(folder, args.slo_ms, args.slowdown, args.instances, args.recipe)
+    stamp, profile, models, args.slowdown = build_pipeline(folder, args.slo_ms, args.slowdown, args.instances,
+                                                           args.recipe)
     measured = json.loads(stamp.read_text())
     for model in models:
         print(f"{model:<20} accuracy {100 * measured['accuracy'][model]:.1f}%")
-    with contextlib.ExitStack() as stack:
-        # the BLS model alone: the plans load and unload the stage models
-        triton = stack.enter_context(TritonServer(repository=folder / "repository", models=[BLS],
-                                                  emulate_slowdown=args.slowdown))
-        config = out / "sidecar.toml"
-        config.write_text(sidecar_config(stamp, profile, args))
-        sidecar = stack.enter_context(SidecarServer(workers=[triton.grpc_url], config=config))
+    # the BLS model alone: the plans load and unload the stage models
+    with deploy(folder / "repository", [BLS], [Device(args.slowdown)], config=sidecar_config(stamp, profile, args),
+                config_path=out / "sidecar.toml") as d:
+        (triton,), sidecar = d.tritons, d.sidecar
         print(f"sidecar at {sidecar.grpc_url}, Triton at {triton.grpc_url} (x{args.slowdown:g})")
         rows = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, args))
         (out / "sidecar.log").write_text(sidecar.log_path.read_text())
@@ -156,46 +153,30 @@ class Frame:
     right: int  # of those, found and labelled right
 
 
-async def send(url: str, arrivals_s, models: list[str], slo_ms: float, while_sending=()) -> list[Frame]:
-    """Send held-out scenes to the sidecar at ``url``, open loop, at ``arrivals_s`` (seconds from now), awaiting
-    ``while_sending`` (coroutines) meanwhile; each frame's answer, in order."""
-    import tritonclient.grpc.aio as aioclient
-    from tritonclient.utils import InferenceServerException
-
-    from export.loki_models import match
-    from export.scenes import generate
-    from python_backend.pipeline import read_answers
+async def send(url: str, arrivals_s, models: list[str], slo_ms: float) -> list[Frame]:
+    """Send held-out scenes to the sidecar at ``url``, open loop, at ``arrivals_s`` (seconds from now); each
+    frame's answer, in order."""
+    from export.loki_models import match  # lazy: onnx, torch
 
     scenes = generate(300, "heldout", seed=21)
-    async with aioclient.InferenceServerClient(url) as client:
-        async def one(i: int, at_s: float) -> Frame:
-            frame = scenes.frames[i % len(scenes)][None]
-            tensor = aioclient.InferInput("FRAME", list(frame.shape), "FP32")
-            tensor.set_data_from_numpy(frame)
-            objects = scenes.objects[i % len(scenes)]
-            start = time.monotonic()
-            try:
-                result = await client.infer(MODEL, [tensor], parameters={"slo_us": round(slo_ms * 1000)})
-            except InferenceServerException:
-                return Frame(at_s, None, time.monotonic() - start, 0, len(objects), 0)
-            client_s = time.monotonic() - start
-            params = result.get_response().parameters
-            (answer,) = read_answers(result.as_numpy("OBJECTS"), result.as_numpy("STATUS"), models)
-            found = np.array([[o["row"], o["col"], o["kind"]] for o in answer["objects"]]).reshape(-1, 3)
-            hits = match(found, objects)
-            labels = [answer["objects"][h]["label"] for h in hits if h >= 0]
-            right = sum(lab == obj[3] for lab, obj in zip(labels, objects[hits >= 0]))
-            return Frame(at_s, answer, client_s, params["queue_us"].int64_param + params["service_us"].int64_param,
-                         len(objects), int(right))
+    slo = {"slo_us": round(slo_ms * 1000)}
 
-        begin, tasks = time.monotonic(), [asyncio.ensure_future(c) for c in while_sending]
-        frames = []
-        for i, at_s in enumerate(arrivals_s):
-            await asyncio.sleep(max(0.0, begin + at_s - time.monotonic()))
-            frames.append(asyncio.ensure_future(one(i, float(at_s))))
-        out = await asyncio.gather(*frames)
-        await asyncio.gather(*tasks)
-    return list(out)
+    def frame(a: Answer) -> Frame:
+        objects = scenes.objects[a.index % len(scenes)]
+        if a.result is None:
+            return Frame(a.sent_s, None, a.latency_s, 0, len(objects), 0)
+        params = a.result.get_response().parameters
+        (answer,) = read_answers(a.result.as_numpy("OBJECTS"), a.result.as_numpy("STATUS"), models)
+        found = np.array([[o["row"], o["col"], o["kind"]] for o in answer["objects"]]).reshape(-1, 3)
+        hits = match(found, objects)
+        labels = [answer["objects"][h]["label"] for h in hits if h >= 0]
+        right = sum(lab == obj[3] for lab, obj in zip(labels, objects[hits >= 0]))
+        return Frame(a.sent_s, answer, a.latency_s, params["queue_us"].int64_param + params["service_us"].int64_param,
+                     len(objects), int(right))
+
+    answers = await open_loop(url, arrivals_s, lambda i: Request(MODEL, {"FRAME": scenes.frames[i % len(scenes)][None]},
+                                                                 slo))
+    return [frame(a) for a in answers]
 
 
 def arrivals(args) -> np.ndarray:
@@ -212,7 +193,7 @@ def arrivals(args) -> np.ndarray:
 async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict]:
     """Send the frames to the sidecar at ``url``; per window, what came back, and what the Triton at
     ``triton_url`` had loaded at its end."""
-    import tritonclient.grpc.aio as aioclient
+    import tritonclient.grpc.aio as aioclient  # gRPC: not for `accscale --help`
 
     loaded: dict[int, int] = {}  # window -> the stage-model instances Triton had loaded at its end
     async with aioclient.InferenceServerClient(triton_url) as triton:
@@ -221,8 +202,8 @@ async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict
             loaded[window] = await loaded_instances(triton, models)
 
         begin = time.monotonic()
-        samples = [sample(w) for w in range(math.ceil(args.duration_s / WINDOW_S))]
-        frames = await send(url, arrivals(args), models, args.slo_ms, samples)
+        frames, *_ = await asyncio.gather(send(url, arrivals(args), models, args.slo_ms),
+                                          *(sample(w) for w in range(math.ceil(args.duration_s / WINDOW_S))))
     stats: dict[int, Counter] = defaultdict(Counter)
     detectors: dict[int, Counter] = defaultdict(Counter)
     plans: dict[int, tuple[int, int]] = {}  # window -> (the newest plan that served a frame, its instances)
@@ -276,8 +257,6 @@ def released(rows: list[dict], duration_s: float) -> tuple[int, int, int]:
 
 
 def write(out: Path, rows: list[dict], args) -> None:
-    from scheduler_sidecar.sim.results import markdown_table, write_rows
-
     write_rows(rows, out / "windows.csv")
     total = {k: sum(r[k] for r in rows) for k in ("sent", "met", "dropped", "late", "refused", "rerouted")}
     before, burst, after = released(rows, args.duration_s)

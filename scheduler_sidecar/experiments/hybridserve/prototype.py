@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler_sidecar.core.profile import PROFILES_DIR
+from scheduler_sidecar.errors import ProfileError
 from scheduler_sidecar.systems.hybridserve.cascade import cascade_cost, energy_benefit
 
 DATA_DIR = PROFILES_DIR / "hybridserve"
@@ -83,7 +84,7 @@ def load(family: str) -> Family:
                  for r in csv.DictReader(fh) if r["family"] == family}
     for m in modes.values():
         if len(m.reach) != len(models) or len(m.thresholds) != len(models) - 1:
-            raise ValueError(f"{family}/{m.name}: {len(models)} models but {len(m.reach)} reach values and "
+            raise ProfileError(f"{family}/{m.name}: {len(models)} models but {len(m.reach)} reach values and "
                              f"{len(m.thresholds)} thresholds")
     return Family(family, models, modes)
 

@@ -32,7 +32,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from python_backend.emulation import SLOWDOWN_ENV
-from scheduler_sidecar.live import die_with_parent
+from scheduler_sidecar.errors import AccscaleError
+from scheduler_sidecar.processes import die_with_parent
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs Python 3.11
@@ -54,7 +55,7 @@ INSTALL_HINT = (
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-class TritonLaunchError(RuntimeError):
+class TritonLaunchError(AccscaleError, RuntimeError):
     """Base of the launcher's errors."""
 
 

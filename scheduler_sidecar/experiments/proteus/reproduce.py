@@ -28,16 +28,15 @@ from pathlib import Path
 import numpy as np
 
 from scheduler_sidecar.core.records import Outcome
-from scheduler_sidecar.sim.results import OUTCOME_CODES, markdown_table, write_rows
-from scheduler_sidecar.systems.proteus.data import (
+from scheduler_sidecar.errors import ConfigError
+from scheduler_sidecar.experiments.proteus.data import (
     PAPER_CLUSTER,
     TRACE_SLO_MS,
     Counts,
     load_counts,
     load_profiles,
 )
-from scheduler_sidecar.systems.proteus.planner import ProteusConfig
-from scheduler_sidecar.systems.proteus.systems import (
+from scheduler_sidecar.experiments.proteus.systems import (
     ABLATIONS,
     METRIC_WINDOW_S,
     SYSTEMS,
@@ -47,6 +46,8 @@ from scheduler_sidecar.systems.proteus.systems import (
     simulate,
     simulate_queries,
 )
+from scheduler_sidecar.sim.results import OUTCOME_CODES, markdown_table, write_rows
+from scheduler_sidecar.systems.proteus.planner import ProteusConfig
 
 GAMMA_SHAPE = 0.05  # §6.4
 DROP_SYSTEMS = ("proteus", "infaas-accuracy", "sommelier", "clipper-ht")
@@ -143,7 +144,7 @@ def constant_arrivals(qps: float, seconds: float, shape: str, mix: dict[str, flo
     elif shape == "gamma":
         gaps = rng.gamma(GAMMA_SHAPE, mean_us / GAMMA_SHAPE, n)  # same mean, CV 1/sqrt(0.05) = 4.5
     else:
-        raise ValueError(f"unknown arrival shape {shape!r}")
+        raise ConfigError(f"unknown arrival shape {shape!r}")
     arrival = np.cumsum(gaps).astype(np.int64)
     families = list(mix)
     names = [families[i] for i in rng.choice(len(families), size=n, p=[mix[f] for f in families])]
@@ -165,10 +166,10 @@ def batching_comparison(setup: Setup, mix: dict[str, float], qps: float, seconds
 
 
 def _plot(out: Path, fig4: list[dict], fig6: list[dict], fig7: list[dict], timelines: dict) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     loads = sorted({load for load, _ in timelines}, key=lambda x: x != "trace")
     fig, axes = plt.subplots(2, len(loads), figsize=(6 * len(loads), 7), squeeze=False)

@@ -6,9 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-from scheduler_sidecar.systems.ramsis.generate import GAP_POINTS, MIN_STEP_QPS
-from scheduler_sidecar.systems.ramsis.mdp import SLACK_STEPS
-from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE
+from scheduler_sidecar.systems.ramsis.baselines import jellyfish_plus_choice, modelswitching_choice
+from scheduler_sidecar.systems.ramsis.generate import GAP_POINTS, MIN_STEP_QPS, generate_set
+from scheduler_sidecar.systems.ramsis.mdp import SLACK_STEPS, MdpSpec
+from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, load_table
 from scheduler_sidecar.systems.ramsis.solve import MAX_SWEEPS, TOLERANCE
 
 PROFILE_HELP = ("a project profile JSON (scheduler_sidecar/core/profile.py) or a RAMSIS latency summary CSV "
@@ -85,8 +86,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _table(args: argparse.Namespace):
-    from scheduler_sidecar.systems.ramsis.model_table import load_table
-
     table = load_table(args.profile, profile_set=args.profile_set, device=args.device, stat=args.latency_stat,
                        max_batch=max(args.max_queue, MAX_QUEUE))
     if args.models:
@@ -95,9 +94,6 @@ def _table(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.systems.ramsis.generate import generate_set
-    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
-
     table = _table(args)
     spec = MdpSpec(args.slo_ms, args.workers, args.loads[0], args.slack_steps, args.max_queue, args.discretization,
                    args.batching, args.reward)
@@ -120,8 +116,6 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_baseline(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.systems.ramsis.baselines import jellyfish_plus_choice, modelswitching_choice
-
     table = _table(args)
     rows = []
     for load in args.loads:

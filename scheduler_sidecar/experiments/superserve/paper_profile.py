@@ -133,6 +133,7 @@ from scheduler_sidecar.core.profile import (
     ProfileError,
     Variant,
 )
+from scheduler_sidecar.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -412,7 +413,7 @@ def _fit_per_sample_ms(capacity_target_qps: float, overhead_ms: Callable[[float]
 
     low, high = 0.0, upper_ms  # capacity(low) > target >= capacity(high)
     if capacity(high * (1 - 1e-12)) > capacity_target_qps:
-        raise ValueError(f"no latency curve of this form sustains as little as {capacity_target_qps:g} q/s")
+        raise ConfigError(f"no latency curve of this form sustains as little as {capacity_target_qps:g} q/s")
     for _ in range(100):
         mid = (low + high) / 2
         low, high = (mid, high) if capacity(mid) > capacity_target_qps else (low, mid)
@@ -447,7 +448,7 @@ class LatencyModel:
         the cheapest's batch-2 latency, its overhead is raised until the two are equal (the P3 anchor).
         """
         if largest_capacity_qps > smallest_capacity_qps:
-            raise ValueError(f"the largest subnet cannot sustain more ({largest_capacity_qps:g} q/s) "
+            raise ConfigError(f"the largest subnet cannot sustain more ({largest_capacity_qps:g} q/s) "
                              f"than the smallest ({smallest_capacity_qps:g} q/s)")
         def fit(target_qps: float, overhead_ms: Callable[[float], float], upper_ms: float) -> float:
             return _fit_per_sample_ms(target_qps, overhead_ms, batch_exponent=BATCH_EXPONENT,
@@ -532,7 +533,7 @@ def build_superserve_profile(seed: int = 0, num_variants: int = 200, *,
                              predictor_path: Path = DEFAULT_PREDICTOR_PATH) -> Profile:
     """SuperServe's CNN profile at paper scale (module note); deterministic for a given seed."""
     if num_variants < len(NAMED_ACCURACIES):
-        raise ValueError(f"num_variants must be at least {len(NAMED_ACCURACIES)} (the paper's named subnets)")
+        raise ConfigError(f"num_variants must be at least {len(NAMED_ACCURACIES)} (the paper's named subnets)")
     predictor = AccuracyPredictor.from_npz(predictor_path)
     found = search_pareto_subnets(predictor, seed=seed)
     log.info("scored %d subnets; the Pareto front has %d", found.num_scored, len(found.macs))
@@ -575,7 +576,7 @@ def build_superserve_profile(seed: int = 0, num_variants: int = 200, *,
                        if largest_capacity_qps != LARGEST_CAPACITY_QPS else "")
                     + (f" --smallest-capacity-qps {smallest_capacity_qps:g}"
                        if smallest_capacity_qps != SMALLEST_CAPACITY_QPS else ""),
-        "design_note": "scheduler_sidecar/systems/superserve/paper_profile.py",
+        "design_note": "scheduler_sidecar/experiments/superserve/paper_profile.py",
         "search_space": "OFA-MobileNetV3 w1.2: kernel {3,5,7} x expand {3,4,6} per block (20), "
                         "depth {2,3,4} per stage (5), resolution {160..224} px",
         "control_layout": CONTROL_LAYOUT,
@@ -608,7 +609,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = papers.add_parser("superserve", help="SuperServe's CNN SubNets on 8 RTX2080Ti workers (simulated)",
                           description="Search OFA subnets, predict their accuracy, map it onto SuperServe's "
                                       "73.82-80.16 % and model RTX2080Ti latency calibrated to the paper's "
-                                      "capacities. The design note is in scheduler_sidecar/systems/superserve/paper_profile.py.")
+                                      "capacities. The design note is in scheduler_sidecar/experiments/superserve/paper_profile.py.")
     s.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help=f"where to write the profile JSON (default: {DEFAULT_OUT})")
     s.add_argument("--seed", type=int, default=0, help="seed of the subnet search (default: 0)")

@@ -30,12 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler_sidecar.sim.results import markdown_table, write_rows
-from scheduler_sidecar.systems.loki import milp
-from scheduler_sidecar.systems.loki.data import CARS, DETECTOR, traffic_analysis
-from scheduler_sidecar.systems.loki.pipeline import Pipeline
-from scheduler_sidecar.systems.loki.planner import LokiConfig
-from scheduler_sidecar.systems.loki.systems import (
+from scheduler_sidecar.experiments.loki.systems import (
     ABLATIONS,
     SYSTEMS,
     Run,
@@ -46,7 +41,12 @@ from scheduler_sidecar.systems.loki.systems import (
     windows,
     workers_used,
 )
-from scheduler_sidecar.systems.proteus.data import load_counts
+from scheduler_sidecar.experiments.proteus.data import load_counts
+from scheduler_sidecar.sim.results import markdown_table, write_rows
+from scheduler_sidecar.systems.loki import milp
+from scheduler_sidecar.systems.loki.data import CARS, DETECTOR, traffic_analysis
+from scheduler_sidecar.systems.loki.pipeline import Pipeline
+from scheduler_sidecar.systems.loki.planner import LokiConfig
 
 TRACE_RANGE_QPS = (50.0, 425.0)  # the artifact's min-max scaling of the Azure trace
 SMOOTH_S = 10  # moving average over the per-second totals (see trace_arrivals)
@@ -247,10 +247,10 @@ def _rounded(m: dict) -> dict:
 
 
 def _plot(out: Path, fig1: list[dict], phases: dict, series: dict, fig7: list[dict]) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     d = [r["demand_qps"] for r in fig1]
     fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)

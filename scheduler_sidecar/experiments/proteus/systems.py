@@ -21,11 +21,11 @@ import numpy as np
 
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Outcome
+from scheduler_sidecar.experiments.proteus.data import Counts, arrivals
+from scheduler_sidecar.experiments.proteus.infaas import InfaasPlanner
 from scheduler_sidecar.sim.results import OUTCOME_CODES, SimResult
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
-from scheduler_sidecar.systems.proteus.data import Counts, arrivals
-from scheduler_sidecar.systems.proteus.infaas import InfaasPlanner
 from scheduler_sidecar.systems.proteus.planner import (
     ProteusConfig,
     ProteusPlanner,

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
+
+from scheduler_sidecar.systems.ramsis import LATENCY_CSV
+from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv
 
 PAPER_SECONDS = {"fld100_max": 132.20, "fld10_max": 14.62, "fld100_var": 3014.89}
 
@@ -31,12 +35,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import statistics
-
-    from scheduler_sidecar.systems.ramsis import LATENCY_CSV
-    from scheduler_sidecar.systems.ramsis.generate import generate_policy
-    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
-    from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv
+    from scheduler_sidecar.systems.ramsis.generate import generate_policy  # lazy: scipy
+    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec  # lazy: scipy
 
     table = load_summary_csv(LATENCY_CSV, "image_cloud_cpu").pareto()
     rows = {"fld100_max": MdpSpec(args.slo_ms, args.workers, args.load_qps),

@@ -22,15 +22,12 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
-
-if TYPE_CHECKING:
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.experiments.deployment import Deployment, Device, Request, deploy, open_loop
 
 KINDS = {"slow": 100.0, "slower": 300.0}  # emulated device kinds: how many times slower than this machine
 DEVICES = ("slow", "slow", "slower", "slower")
@@ -51,8 +48,6 @@ def register(demos: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.core.profile import Profile
-
     out = args.out or Path("runs") / time.strftime("proteus-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     repository, paths = families(args.build_dir)
@@ -60,45 +55,36 @@ def run(args: argparse.Namespace) -> int:
     for q, p in profiles.items():
         print(f"{q:<7} " + ", ".join(f"{v.id} {100 * v.accuracy:.1f}%" for v in p.variants))
     models = [v.actuation.model for p in profiles.values() for v in p.variants]
-    with contextlib.ExitStack() as stack:
-        tritons, sidecar = deploy(stack, repository, paths, out, slo_ms=args.slo_ms, period_s=args.period_s)
-        print(f"sidecar at {sidecar.grpc_url}; devices " + ", ".join(
-            f"{t.grpc_url} ({kind})" for t, kind in zip(tritons, DEVICES)))
-        rows = asyncio.run(_drive(sidecar.grpc_url, tritons, profiles, models, args))
-        (out / "sidecar.log").write_text(sidecar.log_path.read_text())
+    with deployment(repository, paths, out, slo_ms=args.slo_ms, period_s=args.period_s) as d:
+        print(f"sidecar at {d.sidecar.grpc_url}; devices " + ", ".join(
+            f"{t.grpc_url} ({kind})" for t, kind in zip(d.tritons, DEVICES)))
+        rows = asyncio.run(_drive(d.sidecar.grpc_url, d.tritons, profiles, models, args))
+        (out / "sidecar.log").write_text(d.sidecar.log_path.read_text())
     _write(out, rows, args)
     return 0
 
 
 def families(build_dir: Path) -> tuple[Path, dict[str, Path]]:
     """The three families, built unless up to date: (their Triton repository, query type -> its profile)."""
-    from export.families import build
+    from export.families import build  # lazy: onnx, torch
 
     folder = build_dir / "proteus-demo"
     return folder / "repository", build(folder, KINDS, build_dir)
 
 
-def deploy(stack: contextlib.ExitStack, repository: Path, paths: Mapping[str, Path], out: Path, *, slo_ms: float,
-           period_s: float) -> tuple[list[TritonServer], SidecarServer]:
+def deployment(repository: Path, paths: Mapping[str, Path], out: Path, *, slo_ms: float,
+               period_s: float) -> contextlib.AbstractContextManager[Deployment]:
     """A Triton server per device of DEVICES, each started with every variant, and the sidecar with a Proteus
-    planner in front of them (its config written to ``out/sidecar.toml``), each query type a logical model;
-    they stop with ``stack``."""
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
-
+    planner in front of them (its config written to ``out/sidecar.toml``), each query type a logical model."""
     models = [v.actuation.model for p in paths.values() for v in Profile.load(p).variants]
-    tritons = [stack.enter_context(TritonServer(repository=repository, models=models, emulate_slowdown=KINDS[kind]))
-               for kind in DEVICES]
-    config = out / "sidecar.toml"
-    config.write_text(_config(tritons, paths, slo_ms, period_s))
-    return tritons, stack.enter_context(SidecarServer(workers=[t.grpc_url for t in tritons], config=config))
+    return deploy(repository, models, [Device(KINDS[kind], kind) for kind in DEVICES],
+                  config=_config(paths, slo_ms, period_s), config_path=out / "sidecar.toml")
 
 
 def samples(query_type: str) -> tuple[np.ndarray, np.ndarray]:
     """A query type's held-out inputs and their labels: what its clients send."""
-    from export import data
-    from export.families import tabular
+    from export import data  # lazy: torch
+    from export.families import tabular  # lazy: onnx, torch
 
     if query_type == "digits":
         heldout = data.load(16)["heldout"]
@@ -107,12 +93,11 @@ def samples(query_type: str) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _config(tritons, paths, slo_ms: float, period_s: float) -> str:
-    devices = "".join(f'"{t.grpc_url}" = "{kind}"\n' for t, kind in zip(tritons, DEVICES))
+def _config(paths: Mapping[str, Path], slo_ms: float, period_s: float) -> str:
     models = "".join(f'[[models]]\nname = "{q}"\nprofile = "{p}"\npolicy = "proteus"\n'
                      f'default_slo_us = {round(slo_ms * 1000)}\nlatency_calibration = false\n'
                      for q, p in paths.items())
-    return f'[worker_devices]\n{devices}[planner]\nkind = "proteus"\nperiod_s = {period_s}\n{models}'
+    return f'[planner]\nkind = "proteus"\nperiod_s = {period_s}\n{models}'
 
 
 def rate_qps(query_type: str, t_s: float, duration_s: float, base_qps: float, burst_qps: float) -> float:
@@ -121,49 +106,43 @@ def rate_qps(query_type: str, t_s: float, duration_s: float, base_qps: float, bu
     return burst_qps if burst else base_qps
 
 
-async def _drive(url: str, tritons, profiles, models, args) -> list[dict]:
-    import tritonclient.grpc.aio as aioclient
-    from tritonclient.utils import InferenceServerException
+def schedule(profiles, args) -> tuple[list[float], list[str]]:
+    """Each query type's Poisson stream at its rate (:func:`rate_qps`), merged: (times, query types)."""
+    sent = []
+    for seed, q in enumerate(profiles):
+        rng, t = np.random.default_rng(seed), 0.0
+        while True:
+            t += rng.exponential(1 / rate_qps(q, t, args.duration_s, args.base_qps, args.burst_qps))
+            if t >= args.duration_s:
+                break
+            sent.append((t, q))
+    sent.sort()
+    return [t for t, _ in sent], [q for _, q in sent]
 
+
+async def _drive(url: str, tritons, profiles, models, args) -> list[dict]:
     inputs = {q: samples(q)[0] for q in profiles}
     accuracy = {v.id: v.accuracy for p in profiles.values() for v in p.variants}
+    times, types = schedule(profiles, args)
+    slo = {"slo_us": round(args.slo_ms * 1000)}
+
+    def request(i: int) -> Request:
+        x = inputs[types[i]]
+        return Request(types[i], {"INPUT": x[i % len(x)][None].astype(np.float32)}, slo)
+
+    answers, held = await asyncio.gather(open_loop(url, times, request), _watch(tritons, models, args.duration_s))
     stats: dict[tuple[int, str], dict] = defaultdict(lambda: {"sent": 0, "met": 0, "late": 0, "refused": 0,
                                                               "accuracy": 0.0})
-    rng = np.random.default_rng(0)
-    slo_s = args.slo_ms / 1000
-    tasks = []
-    async with aioclient.InferenceServerClient(url) as client:
-        async def one(q: str, i: int, window: int) -> None:
-            x = inputs[q][i % len(inputs[q])][None].astype(np.float32)
-            tensor = aioclient.InferInput("INPUT", list(x.shape), "FP32")
-            tensor.set_data_from_numpy(x)
-            s = stats[window, q]
-            s["sent"] += 1
-            start = time.monotonic()
-            try:
-                result = await client.infer(q, [tensor], parameters={"slo_us": round(args.slo_ms * 1000)})
-            except InferenceServerException:
-                s["refused"] += 1
-                return
-            if time.monotonic() - start > slo_s:
-                s["late"] += 1
-                return
+    for a in answers:
+        s = stats[int(a.sent_s // WINDOW_S), types[a.index]]
+        s["sent"] += 1
+        if a.result is None:
+            s["refused"] += 1
+        elif a.latency_s > args.slo_ms / 1000:
+            s["late"] += 1
+        else:
             s["met"] += 1
-            s["accuracy"] += accuracy[result.get_response().parameters["variant"].string_param]
-
-        async def stream(q: str) -> None:
-            begin = time.monotonic()
-            t, i = 0.0, 0
-            while t < args.duration_s:
-                t += rng.exponential(1 / rate_qps(q, t, args.duration_s, args.base_qps, args.burst_qps))
-                await asyncio.sleep(max(0.0, begin + t - time.monotonic()))
-                tasks.append(asyncio.ensure_future(one(q, i, int(t // WINDOW_S))))
-                i += 1
-
-        placements = asyncio.ensure_future(_watch(tritons, models, args.duration_s))
-        await asyncio.gather(*(stream(q) for q in profiles))
-        await asyncio.gather(*tasks)
-        held = await placements
+            s["accuracy"] += accuracy[a.result.get_response().parameters["variant"].string_param]
     rows = []
     for (window, q), s in sorted(stats.items()):
         rows.append({"window_s": window * WINDOW_S, "type": q, "sent": s["sent"], "met": s["met"], "late": s["late"],
@@ -174,7 +153,7 @@ async def _drive(url: str, tritons, profiles, models, args) -> list[dict]:
 
 async def _watch(tritons, models, duration_s: float) -> dict[int, str]:
     """What each device holds, once per window."""
-    import tritonclient.grpc.aio as aioclient
+    import tritonclient.grpc.aio as aioclient  # gRPC: not for `accscale --help`
 
     held: dict[int, str] = {}
     for window in range(int(duration_s // WINDOW_S) + 1):

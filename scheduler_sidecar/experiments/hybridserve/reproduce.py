@@ -37,11 +37,14 @@ from pathlib import Path
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
+from loadtest.traces import gamma
 from scheduler_sidecar.core.plan import Demand
+from scheduler_sidecar.experiments.hybridserve import prototype
+from scheduler_sidecar.experiments.hybridserve.energy import cpu_energy_j
+from scheduler_sidecar.experiments.hybridserve.simulation import simulate
 from scheduler_sidecar.sim.results import markdown_table, write_rows
-from scheduler_sidecar.systems.hybridserve import placement, prototype
+from scheduler_sidecar.systems.hybridserve import placement
 from scheduler_sidecar.systems.hybridserve.cascade import energy_benefit
-from scheduler_sidecar.systems.hybridserve.energy import cpu_energy_j
 from scheduler_sidecar.systems.hybridserve.family import Family
 from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
 from scheduler_sidecar.systems.hybridserve.planner import (
@@ -52,7 +55,6 @@ from scheduler_sidecar.systems.hybridserve.planner import (
 )
 from scheduler_sidecar.systems.hybridserve.pruning import Pruned, prune
 from scheduler_sidecar.systems.hybridserve.search import SearchConfig, SearchResult, search
-from scheduler_sidecar.systems.hybridserve.simulation import simulate
 
 # Algorithm 3's devices: two servers, each two of a fast kind and one of a slow kind (the slow at a third of the speed, as the Proteus
 # demo's emulated kinds); memory per instance: Family.memory_mb
@@ -89,7 +91,7 @@ def register(papers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.cascade_models import build
+    from export.cascade_models import build  # lazy: onnx, torch
 
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
     args.out.mkdir(parents=True, exist_ok=True)
@@ -162,8 +164,6 @@ def _pruning_row(family: Family, mode: str, pruned: Pruned, result: SearchResult
 
 
 def _replay(family: Family, p: OperatingPoint, args: argparse.Namespace) -> list[dict]:
-    from loadtest.traces import gamma
-
     arrival_us = np.round(gamma(args.rate_qps, 4.0, args.seconds, args.seed).arrival_s * 1e6).astype(np.int64)
     index = [family.names.index(m) for m in p.cascade.models]
     preds = family.predictions("test").subset(index)
@@ -220,10 +220,10 @@ def _prototype_rows() -> list[dict]:
 
 
 def _plot(path: Path, family: Family, result: SearchResult, points: dict[str, OperatingPoint]) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     fig, ax = plt.subplots(figsize=(6, 4))
     largest = family.costs[-1]

@@ -15,6 +15,10 @@ import time
 
 import numpy as np
 
+from scheduler_sidecar.systems.loki import milp
+from scheduler_sidecar.systems.loki.data import traffic_analysis
+from scheduler_sidecar.systems.loki.routing import Replica, most_accurate_first
+
 PAPER_MILP_S, PAPER_ROUTING_MS = 0.5, 0.15
 
 
@@ -29,10 +33,6 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.systems.loki import milp
-    from scheduler_sidecar.systems.loki.data import traffic_analysis
-    from scheduler_sidecar.systems.loki.routing import Replica, most_accurate_first
-
     pipeline = traffic_analysis()
     milp.plan(pipeline, 100.0, args.workers)  # the solver's first build (imports, banner) is not timed
     times: dict[str, list[float]] = {"hardware": [], "accuracy": [], "overload": []}

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from scheduler_sidecar.core.profile import PROFILES_DIR, Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.errors import ProfileError
 
 DATA_DIR = PROFILES_DIR / "proteus"
 PROFILE_CSV = DATA_DIR / "proteus_profiled.csv"
@@ -34,7 +35,7 @@ def load_profiles(path: Path | str = PROFILE_CSV, *, statistic: str = "p50_ms",
     """Family -> its profile; ``statistic`` is the latency column the curves take (``p50_ms`` as the
     artifact's capacity rule, or ``mean_ms``, the paper's simulator's "average profiled latencies")."""
     if statistic not in ("p50_ms", "mean_ms"):
-        raise ValueError(f"statistic must be p50_ms or mean_ms, got {statistic!r}")
+        raise ProfileError(f"statistic must be p50_ms or mean_ms, got {statistic!r}")
     rows: dict[str, dict[str, dict[str, dict[int, float]]]] = defaultdict(lambda: defaultdict(dict))
     accuracy: dict[str, float] = {}
     family: dict[str, str] = {}
@@ -84,7 +85,7 @@ def load_counts(path: Path | str = MEDIUM_NORMAL_LOAD) -> Counts:
         header = next(reader)
         data = np.array([[int(x) for x in row] for row in reader], dtype=np.int64)
     if header[0] != "second" or not np.array_equal(data[:, 0], np.arange(len(data))):
-        raise ValueError(f"{path}: expected a 'second' column counting from 0")
+        raise ProfileError(f"{path}: expected a 'second' column counting from 0")
     return Counts(tuple(header[1:]), data[:, 1:])
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
@@ -39,11 +40,21 @@ from pathlib import Path
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
-from scheduler_sidecar.systems.hybridserve.energy import NvmlMeter, nvml_meter, per_request_mj
+from loadtest.traces import gamma
+from python_backend.cascade import EARLY
+from scheduler_sidecar.core.plan import Demand
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.experiments.deployment import Request, open_loop
+from scheduler_sidecar.experiments.hybridserve.energy import NvmlMeter, nvml_meter, per_request_mj
+from scheduler_sidecar.processes.sidecar import SidecarServer
+from scheduler_sidecar.processes.triton_launcher import TritonServer
+from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.hybridserve.family import Family
-from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig
+from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
 from scheduler_sidecar.systems.hybridserve.placement import BALANCED, NEAREST
-from scheduler_sidecar.systems.hybridserve.planner import OperatingPoint
+from scheduler_sidecar.systems.hybridserve.planner import OperatingPoint, operating_points, pruned_point
+from scheduler_sidecar.systems.hybridserve.pruning import prune
+from scheduler_sidecar.systems.hybridserve.search import search
 
 MODEL = "digits-cascade"  # the logical model clients call
 BLS = "cascade"
@@ -84,12 +95,7 @@ def register(demos: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import contextlib
-
-    from export.cascade_models import build
-    from scheduler_sidecar.core.plan import Demand
-    from scheduler_sidecar.live.triton_launcher import TritonServer
-    from scheduler_sidecar.server.serve import SidecarServer
+    from export.cascade_models import build  # lazy: onnx, torch
 
     out = args.out or Path("runs") / time.strftime("hybridserve-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -135,11 +141,6 @@ def run(args: argparse.Namespace) -> int:
 def _planners(family, config) -> dict:
     """Each of DEPLOYMENTS' planners, Algorithm 1 run once for all of them (the sidecar's, from the same family and
     search settings, finds the same cascades)."""
-    from scheduler_sidecar.systems.hybridserve.live import HybridServePlanner
-    from scheduler_sidecar.systems.hybridserve.planner import operating_points, pruned_point
-    from scheduler_sidecar.systems.hybridserve.pruning import prune
-    from scheduler_sidecar.systems.hybridserve.search import search
-
     search_split = family.predictions("search")
     result = search(search_split, family.costs)
     whole = operating_points(family, result=result)
@@ -160,7 +161,7 @@ def default_slowdown(family: Family) -> float:
 
 def write_bls(family: Family, plan: dict) -> Path:
     """The cascade's BLS model, ``plan`` its default, beside the family's models; returns their repository."""
-    from export import repository
+    from export import repository  # lazy: onnx, torch
 
     repo = family.folder / "repository"
     repository.write_cascade(repo, BLS, plan, family.names, max_batch_size=ROWS, instances=BLS_INSTANCES)
@@ -186,7 +187,7 @@ def _short(model: str) -> str:
 
 def _set_instances(url: str, instances: dict[str, int]) -> None:
     """Each model's instance count, by a reload with a config override."""
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
     client = grpcclient.InferenceServerClient(url)
     for model, count in instances.items():
@@ -218,8 +219,8 @@ async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.n
     each of them the same number of times wherever it starts. Worker-seconds per request are the models' busy
     time over every request of the run: nothing is in flight before the first or after the last, so each
     request's work is counted once. Energy per request likewise: the GPUs' where ``meter`` reads them, else the
-    CPU power model's for the busy time (:mod:`~scheduler_sidecar.systems.hybridserve.energy`)."""
-    import tritonclient.grpc.aio as aioclient
+    CPU power model's for the busy time (:mod:`~scheduler_sidecar.experiments.hybridserve.energy`)."""
+    import tritonclient.grpc.aio as aioclient  # lazy: tritonclient
 
     output = "LOGITS" if target in models and len(models) == 1 else "LABEL"
     answers: list[float] = []  # when each request was answered
@@ -256,8 +257,6 @@ async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.n
 def cascade_profile(path: Path, family: Family, point: OperatingPoint, slowdown: float) -> Path:
     """The cascade as one variant, for the sidecar's admission and queue, written to ``path``: at batch b, the sum
     over its models of their latency at their share of the batch (escalations run one after another)."""
-    from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
-
     index = [family.names.index(m) for m in point.cascade.models]
     curves = [family.models[i].latency for i in index]
     sizes = curves[0].batch_sizes
@@ -272,40 +271,22 @@ def cascade_profile(path: Path, family: Family, point: OperatingPoint, slowdown:
 
 async def _replay(url: str, cascade: tuple[str, ...], names: list[str], images: np.ndarray, labels: np.ndarray,
                   args) -> dict:
-    import tritonclient.grpc.aio as aioclient
-    from tritonclient.utils import InferenceServerException
-
-    from loadtest.traces import gamma
-    from python_backend.cascade import EARLY
-
     arrivals = gamma(args.rate_qps, 4.0, args.duration_s, seed=0).arrival_s
+    answers = await open_loop(url, arrivals, lambda i: Request(MODEL, {"INPUT": images[i % len(images)][None]}, {}))
     counts: Counter = Counter()
     by_model: Counter = Counter()
-    async with aioclient.InferenceServerClient(url) as client:
-        async def one(i: int) -> None:
-            x = images[i % len(images)][None]
-            tensor = aioclient.InferInput("INPUT", list(x.shape), "FP32")
-            tensor.set_data_from_numpy(x)
-            start = time.monotonic()
-            try:
-                result = await client.infer(MODEL, [tensor])
-            except InferenceServerException:
-                counts["refused"] += 1
-                return
-            counts["late" if time.monotonic() - start > args.slo_ms / 1000 else "met"] += 1
-            if len(cascade) == 1:
-                label, model, reason = int(result.as_numpy("LOGITS")[0].argmax()), names.index(cascade[0]), 0
-            else:
-                label, model, reason = (int(result.as_numpy(k)[0, 0]) for k in ("LABEL", "MODEL", "REASON"))
-            counts["right"] += label == labels[i % len(labels)]
-            counts["early"] += reason == EARLY
-            by_model[names[model]] += 1
-
-        begin, tasks = time.monotonic(), []
-        for i, t in enumerate(arrivals):
-            await asyncio.sleep(max(0.0, begin + t - time.monotonic()))
-            tasks.append(asyncio.ensure_future(one(i)))
-        await asyncio.gather(*tasks)
+    for a in answers:
+        if a.result is None:
+            counts["refused"] += 1
+            continue
+        counts["late" if a.latency_s > args.slo_ms / 1000 else "met"] += 1
+        if len(cascade) == 1:
+            label, model, reason = int(a.result.as_numpy("LOGITS")[0].argmax()), names.index(cascade[0]), 0
+        else:
+            label, model, reason = (int(a.result.as_numpy(k)[0, 0]) for k in ("LABEL", "MODEL", "REASON"))
+        counts["right"] += label == labels[a.index % len(labels)]
+        counts["early"] += reason == EARLY
+        by_model[names[model]] += 1
     answered = counts["met"] + counts["late"]
     return {"sent": len(arrivals), "met": counts["met"], "late": counts["late"], "refused": counts["refused"],
             "accuracy": round(100 * counts["right"] / max(1, answered), 2),
@@ -315,8 +296,6 @@ async def _replay(url: str, cascade: tuple[str, ...], names: list[str], images: 
 
 
 def _write(out: Path, modes: list[dict], replays: list[dict], args) -> None:
-    from scheduler_sidecar.sim.results import markdown_table, write_rows
-
     largest = next(m for m in modes if m["mode"] == "largest")
     for m in modes:
         m["throughput_vs_largest"] = round(m["throughput_rps"] / largest["throughput_rps"], 2)

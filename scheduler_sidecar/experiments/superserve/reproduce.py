@@ -32,9 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler_sidecar.core.profile import PROFILES_DIR
+from loadtest import traces
+from scheduler_sidecar.core.profile import PROFILES_DIR, Profile
+from scheduler_sidecar.errors import ConfigError
+from scheduler_sidecar.experiments.superserve.paper_profile import CLIPPER_PLUS_ACCURACIES
 from scheduler_sidecar.sim.results import write_rows
-from scheduler_sidecar.systems.superserve.paper_profile import CLIPPER_PLUS_ACCURACIES
+from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.systems import make_policy
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +124,7 @@ def plan(figure: str, profile, duration_s: float, seed: int) -> list[Run]:
     if figure in ("10", "all"):
         if not duration_s > fig10_min_duration_s():
             rate2, tau = max(FIG10_RATE2_QPS), min(FIG10_TAU)
-            raise ValueError(
+            raise ConfigError(
                 f"Fig. 10 needs --duration-s above {fig10_min_duration_s():.2f}, got {duration_s:g}: each ramp starts "
                 f"a quarter into the trace, and the slowest, {FIG10_RATE1_QPS:g} -> {rate2:g} q/s at {tau:g} q/s², "
                 f"takes {(rate2 - FIG10_RATE1_QPS) / tau:g} s; in a shorter trace some ramps never reach λ2, and "
@@ -140,11 +144,6 @@ def plan(figure: str, profile, duration_s: float, seed: int) -> list[Run]:
 
 
 def simulate(run_: Run, profile_path: Path) -> dict:
-    from loadtest import traces
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.systems import make_policy
-
     profile = Profile.load(profile_path)
     trace = getattr(traces, run_.trace[0])(**dict(run_.trace[1]))
     arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
@@ -158,8 +157,6 @@ def simulate(run_: Run, profile_path: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scheduler_sidecar.core.profile import Profile
-
     profile = Profile.load(args.profile)
     runs = plan(args.figure, profile, args.duration_s, args.seed)
     log.info("running %d simulations on %d cores", len(runs), args.jobs)
@@ -229,10 +226,10 @@ def _claims(rows: list[dict]) -> str:
 
 
 def _plot(figure: str, rows: list[dict], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     if figure == "11a":
         fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)

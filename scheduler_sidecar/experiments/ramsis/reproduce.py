@@ -33,8 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtest.traces import compress
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.sim.results import write_rows
+from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.systems import make_policy
 from scheduler_sidecar.systems.ramsis import LATENCY_CSV, MODELSWITCHING_CSV, TWITTER_CURVE
+from scheduler_sidecar.systems.ramsis.load_curve import load_curve
+from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv, to_profile
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +81,6 @@ def register(papers: argparse._SubParsersAction) -> None:
 
 
 def _table():
-    from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv
-
     return load_summary_csv(LATENCY_CSV, PROFILE_SET)
 
 
@@ -85,22 +89,22 @@ def policy_loads(step: float) -> list[float]:
 
 
 def _generate(k: int, load: float):
-    from scheduler_sidecar.systems.ramsis.generate import generate_policy
-    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
+    from scheduler_sidecar.systems.ramsis.generate import generate_policy  # lazy: scipy
+    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec  # lazy: scipy
 
     return generate_policy(_table().pareto(), MdpSpec(SLO_MS, k, load))
 
 
 def _generate_refined(k: int, loads: list[float], out: Path) -> None:
-    from scheduler_sidecar.systems.ramsis.generate import generate_set
-    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
+    from scheduler_sidecar.systems.ramsis.generate import generate_set  # lazy: scipy
+    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec  # lazy: scipy
 
     generate_set(_table().pareto(), MdpSpec(SLO_MS, k, loads[0]), loads, out)
 
 
 def ensure_policies(workers: list[int], loads: list[float], refine: bool, out: Path, pool) -> dict[int, Path]:
     """Policy sets per K under ``out/policies/K<k>``, generated unless a set for the same loads is there."""
-    from scheduler_sidecar.systems.ramsis.generate import Refinement, load_set, write_set
+    from scheduler_sidecar.systems.ramsis.generate import Refinement, load_set, write_set  # lazy: scipy
 
     dirs, todo = {}, []
     for k in workers:
@@ -125,24 +129,15 @@ def ensure_policies(workers: list[int], loads: list[float], refine: bool, out: P
 
 
 def _rates():
-    from scheduler_sidecar.systems.ramsis.load_curve import load_curve
-
     return load_curve(TWITTER_CURVE).qps
 
 
 def twitter_trace(bin_s: float, seed: int):
-    from loadtest.traces import compress
-    from scheduler_sidecar.systems.ramsis.load_curve import load_curve
-
     rates = load_curve(TWITTER_CURVE).qps
     return compress(rates, 10.0, bin_s * len(rates), float(rates.mean()), seed)
 
 
 def simulate(method: str, k: int, policy_dir: Path, bin_s: float, seed: int, ms_profile_s: float) -> dict:
-    from scheduler_sidecar.sim.simulator import SimConfig, Simulator
-    from scheduler_sidecar.systems import make_policy
-    from scheduler_sidecar.systems.ramsis.model_table import to_profile
-
     profile = to_profile(_table())
     options: dict[str, object] = {"slo_ms": SLO_MS, "workers": k, "late_queries": "serve"}  # no method drops (§7)
     if method == "ramsis":
@@ -169,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         workers = sorted({int(x) for x in args.workers.split(",") if x.strip()})
     except ValueError:
-        raise ValueError(f"--workers {args.workers!r}: expected integers separated by commas") from None
+        raise ConfigError(f"--workers {args.workers!r}: expected integers separated by commas") from None
     if not workers or min(workers) < 1 or args.bin_s <= 0 or args.load_step <= 0:
-        raise ValueError("--workers must be >= 1, --bin-s and --load-step > 0")
+        raise ConfigError("--workers must be >= 1, --bin-s and --load-step > 0")
     loads = policy_loads(args.load_step)
     args.out.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(args.jobs) as pool:
@@ -237,7 +232,7 @@ def _ms_agreement(rows: list[dict]) -> str:
 
 
 def _summary(rows: list[dict], args: argparse.Namespace, dirs: dict[int, Path]) -> str:
-    from scheduler_sidecar.systems.ramsis.generate import load_set, max_gap_points
+    from scheduler_sidecar.systems.ramsis.generate import load_set, max_gap_points  # lazy: scipy
 
     m = by_method(rows)
     workers = sorted(m["ramsis"])
@@ -313,10 +308,10 @@ def _summary(rows: list[dict], args: argparse.Namespace, dirs: dict[int, Path]) 
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     m = by_method(rows)
     names = {"ramsis": "RAMSIS", "jellyfish": "Jellyfish+", "modelswitching": "ModelSwitching"}

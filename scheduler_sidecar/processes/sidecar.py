@@ -1,0 +1,83 @@
+"""``accscale serve`` in a subprocess on free loopback ports: what tests, demos and benches start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from scheduler_sidecar.processes import die_with_parent
+from scheduler_sidecar.processes.triton_launcher import free_port, log_tail, wait_http_ready
+
+
+class SidecarServer:
+    """``accscale serve`` in a subprocess on free loopback ports, ready once ``start()`` returns."""
+
+    def __init__(self, *, workers: Sequence[str], profile: Path | None = None, config: Path | None = None,
+                 extra_args: Sequence[str] = (), python_args: Sequence[str] = (),
+                 ready_timeout_s: float = 60.0) -> None:
+        self.host = "127.0.0.1"
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        while self.grpc_port == self.http_port:
+            self.grpc_port = free_port()
+        self._args = [*(a for w in workers for a in ("--triton", w)),
+                      *(("--profile", str(profile)) if profile else ()),
+                      *(("--config", str(config)) if config else ()),
+                      "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *extra_args]
+        fd, name = tempfile.mkstemp(prefix="accscale-sidecar-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(name)
+        self._python_args = list(python_args)  # e.g. ["-m", "cProfile", "-o", FILE]
+        self._ready_timeout_s = ready_timeout_s
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as out:
+            self._proc = subprocess.Popen(die_with_parent.wrap([sys.executable, *self._python_args, "-m",
+                                                                "scheduler_sidecar.cli", "serve", *self._args]),
+                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        failure = wait_http_ready(self._proc, self.http_url, self._ready_timeout_s)
+        if failure:
+            self.stop()
+            raise RuntimeError(f"the sidecar {failure}; last lines of {self.log_path}:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def log_tail(self, n_lines: int = 40) -> str:
+        return log_tail(self.log_path, n_lines)
+
+    def __enter__(self) -> SidecarServer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+        if exc is None:
+            self.log_path.unlink(missing_ok=True)
