@@ -1,6 +1,6 @@
 """The SubNetAct control vector: its layout, validation and canonical subnet ids.
 
-A control row (DESIGN 4.2) is ``D_1..D_M`` (blocks run in each of the M stages) followed
+A control row is ``D_1..D_M`` (blocks run in each of the M stages) followed
 by ``W_1..W_K`` (a width-choice index for each of the K blocks of the full supernet, stage
 by stage). Width entries of blocks that LayerSelect skips have no effect; the canonical
 form sets them to 0 so that one subnet has exactly one key.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 
 from tritonclient.utils import InferenceServerException
@@ -51,11 +52,38 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
-    bench = subparsers.add_parser("bench", help="benchmarks that report ratios measured side by side in one run")
+    bench = subparsers.add_parser("bench", help="benchmarks that report ratios measured side by side in one run",
+                                  description="Benchmarks: each measures what it compares side by side in one run "
+                                              "and reports the ratios. `accscale bench BENCH --help` says what "
+                                              "BENCH measures.")
     kinds = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name in BENCH_MODULES:
         importlib.import_module(name).register_bench(kinds)
+    _plain(parser)
     return parser
+
+
+# the help texts are the modules' docstrings, written for Sphinx: ``x``, :mod:`x` and :class:`~a.b.C` read as x,
+# x and C in a terminal
+_ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|obj|exc):`(~?)([^`]+)`")
+
+
+def plain(text: str | None) -> str | None:
+    if text is None:
+        return None
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return text.replace("``", "`")
+
+
+def _plain(parser: argparse.ArgumentParser) -> None:
+    parser.description, parser.epilog = plain(parser.description), plain(parser.epilog)
+    for action in parser._actions:
+        action.help = plain(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                choice.help = plain(choice.help)
+            for sub in dict.fromkeys(action.choices.values()):
+                _plain(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

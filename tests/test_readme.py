@@ -75,8 +75,10 @@ def test_the_quick_readme_commands_run(tmp_path, monkeypatch, capsys):
     """Traces, their summary and the simulations on them, in a folder of their own beside the shipped profiles."""
     (tmp_path / "profiles").symlink_to(REPO_ROOT / "profiles")
     monkeypatch.chdir(tmp_path)
-    quick = [c for c in commands() if c.startswith(("accscale trace ", "accscale simulate --pipeline"))]
-    assert len(quick) >= 4
+    # every trace and simulation but RAMSIS's on a policy set (`accscale ramsis generate` takes minutes)
+    quick = [c for c in commands() if c.startswith(("accscale trace ", "accscale simulate "))
+             and "--ramsis-policies" not in c]
+    assert len(quick) >= 8
     for command in quick:
         assert main(shlex.split(command)[1:]) == 0, command
     capsys.readouterr()

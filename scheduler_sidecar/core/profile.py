@@ -1,4 +1,4 @@
-"""Profiles: the variants a policy may choose from (DESIGN 4.1), validated on load.
+"""Profiles: the variants a policy may choose from, validated on load.
 
 A profile is a JSON file::
 
@@ -86,7 +86,7 @@ class LatencyCurve:
 class Actuation:
     kind: str  # one of ACTUATION_KINDS
     model: str  # Triton model name (the supernet, the variant, or the pipeline's BLS model)
-    control: tuple[int, ...] | None = None  # supernet control row (DESIGN 4.2)
+    control: tuple[int, ...] | None = None  # supernet control row (python_backend.control)
     version: str | None = None  # Triton model version; None = the latest
     path: tuple[str, ...] | None = None  # pipeline: the variant of each stage
 

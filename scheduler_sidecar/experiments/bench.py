@@ -1,18 +1,5 @@
-"""``accscale bench simulator`` and ``accscale bench slackfit``: the scheduling core's speed.
-
-- simulator: queries simulated per wall-clock second, and per CPU-minute of this process, on a
-  bursty trace of exactly --queries queries (default 1,000,000; SlackFit, the paper-scale
-  profile, 8 workers, SLO 36 ms); the goal is 10,000,000 per CPU-minute.
-- slackfit: time of one ``decide()`` with a synthetic profile of many Pareto subnets and
-  batch sizes 1..16, on a queue of queued queries (paper: well under 1 ms); median and p99.
-- optimal-gap: each policy's objective (profiled accuracy summed over queries that meet
-  their SLO, Eq. 1) over the ZILP optimum, on small random traces. The instances take turns
-  in shape (one burst, a gamma renewal process of CV² 1 or 4, two bursts) and draw their
-  rate and SLO from their own seeds. The profile is the paper-scale one cut to a few subnets
-  and batch sizes, with latencies rounded up to the ILP's time grid so that simulated
-  schedules and the ILP live on the same grid. Only instances the solver proves optimal enter
-  the ratios; the others (time limit hit, no solution) are listed and counted, never averaged.
-"""
+"""The scheduling core's benchmarks: ``accscale bench simulator``, ``slackfit``, ``overload-rules`` and
+``optimal-gap`` (each one's description below is its ``--help``)."""
 
 from __future__ import annotations
 
@@ -37,10 +24,24 @@ from scheduler_sidecar.systems import make_policy
 from scheduler_sidecar.systems.superserve import optimal
 from scheduler_sidecar.systems.superserve.slackfit import SlackFit
 
+SIMULATOR = """Queries simulated per wall-clock second, and per CPU-minute of this process, on a bursty trace of exactly
+--queries queries (default 1,000,000; SlackFit, the paper-scale profile, 8 workers, SLO 36 ms); the goal is
+10,000,000 per CPU-minute."""
+SLACKFIT = """The time of one SlackFit decide() with a synthetic profile of many Pareto subnets and batch sizes 1..16, on
+a queue of queued queries (paper: well under 1 ms); median and p99."""
+OVERLOAD_RULES = """SlackFit's rules below its smallest latency bucket (serve; yield to the queries behind), each with and
+without admission, simulated under overload: queries met per rule, side by side."""
+OPTIMAL_GAP = """Each policy's objective (profiled accuracy summed over queries that meet their SLO, Eq. 1) over the ZILP
+optimum, on small random traces. The instances take turns in shape (one burst, a gamma renewal process of CV² 1 or
+4, two bursts) and draw their rate and SLO from their own seeds. The profile is the paper-scale one cut to a few
+subnets and batch sizes, with latencies rounded up to the ILP's time grid so that simulated schedules and the ILP
+live on the same grid. Only instances the solver proves optimal enter the ratios; the others (time limit hit, no
+solution) are listed and counted, never averaged."""
+
 
 def register_bench(kinds: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("simulator", help="simulated queries per wall-clock second on a 1M-query trace",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=SIMULATOR, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queries", type=int, default=1_000_000,
                    help="queries in the trace, exactly (default: 1,000,000)")
     p.add_argument("--profile", type=Path, default=PAPER_PROFILE, help="profile (default: the paper-scale one)")
@@ -48,13 +49,13 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_simulator)
     s = kinds.add_parser("slackfit", help="SlackFit decision time with many Pareto subnets",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=SLACKFIT, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--subnets", type=int, default=1000, help="Pareto subnets in the profile (default: 1000)")
     s.add_argument("--decisions", type=int, default=20_000, help="decide() calls timed (default: 20,000)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=run_slackfit)
     r = kinds.add_parser("overload-rules", help="SlackFit's below-bucket rules, with and without admission, "
-                         "simulated under overload", description=__doc__,
+                         "simulated under overload", description=OVERLOAD_RULES,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--profile", type=Path, default=PAPER_PROFILE, help="profile (default: the paper-scale one)")
     r.add_argument("--duration-s", type=float, default=20.0, help="length of each trace (default: 20)")
@@ -62,7 +63,7 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=run_overload_rules)
     g = kinds.add_parser("optimal-gap", help="policies' objective over the offline ZILP optimum on small traces",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=OPTIMAL_GAP, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("--traces", type=int, default=8, help="random traces (default: 8)")
     g.add_argument("--queries", type=int, default=24, help="queries per trace (default: 24)")
     g.add_argument("--workers", type=int, default=2, help="workers (default: 2)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -37,6 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ms", type=float, default=36.0,
                    help="latency SLO for queries whose trace line has none (default: 36, SuperServe Fig. 9)")
     p.add_argument("--device", help="device kind of the profile's latencies (default: its first)")
+    p.add_argument("--variants", type=int, metavar="N",
+                   help="keep N of the profile's variants, evenly spaced in accuracy (a smaller ZILP for optimal)")
+    p.add_argument("--batch-sizes", metavar="B1,B2,...",
+                   help="--policy optimal: the batch sizes the ZILP may use (default: every profiled one)")
     p.add_argument("--clipper-subnet", metavar="ID", help="the fixed variant of --policy clipper (default: most accurate)")
     p.add_argument("--fail-at", default="", metavar="T1,T2,...",
                    help="seconds at which one more worker fails (SuperServe Fig. 11a)")
@@ -109,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if args.profile is None:
         raise ConfigError("--profile is required (or --pipeline for a pipeline)")
     profile = load_profile(args.profile, args.profile_set)
+    if args.variants:
+        profile = dataclasses.replace(profile, variants=tuple(profile.spread(args.variants)))
     arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
     fail_at = tuple(float(t) for t in args.fail_at.split(",") if t.strip())
     if args.policy == "optimal":
@@ -189,8 +196,9 @@ def _optimal(args, profile, arrival_us, deadline_us, fail_at) -> dict:
     if len(arrival_us) > MAX_OPTIMAL_QUERIES:
         raise ConfigError(f"--policy optimal solves a time-indexed ZILP; {len(arrival_us)} queries is too many "
                          f"(at most {MAX_OPTIMAL_QUERIES}); cut the trace")
+    sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
     result = solve_optimal(arrival_us.tolist(), deadline_us.tolist(), profile, workers=args.workers,
-                           device=args.device, time_step_us=args.time_step_us, bound=args.bound)
+                           device=args.device, batch_sizes=sizes, time_step_us=args.time_step_us, bound=args.bound)
     n = len(arrival_us)
     # as the simulator's: the last completion or arrival (completions on the grid, relaxed for --bound upper)
     end_us = max([int(arrival_us.max(initial=0))] + [b.finish_us for b in result.batches])

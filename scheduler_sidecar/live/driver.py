@@ -59,7 +59,7 @@ from scheduler_sidecar.live.workers import InferCall, Worker
 
 log = logging.getLogger(__name__)
 
-CONTROL_INPUT = "CONTROL"  # the supernet models' control tensor (DESIGN 4.2), filled in by the sidecar
+CONTROL_INPUT = "CONTROL"  # the supernet models' control tensor, filled in by the sidecar
 RPC_GRACE_S = 2.0  # a worker RPC may run this long past its batch's last deadline before it is abandoned
 CALIBRATION_WINDOW = 64  # batches whose measured/profiled latency ratio is kept
 CALIBRATION_QUANTILE = 90  # plan with a factor most batches stay under

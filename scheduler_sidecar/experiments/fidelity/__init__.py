@@ -1,5 +1,5 @@
 """``accscale bench fidelity``: each system live (the sidecar in front of real Tritons) against the simulator on the
-same trace, profile, policy, planner and workers (DESIGN 3).
+same trace, profile, policy, planner and workers.
 
 The trace is replayed open loop through the sidecar (Locust) and simulated with the profiles' p50 latencies. The
 live side is scored in the sidecar (its /metrics, from arrival at the sidecar, which is what the simulator models)

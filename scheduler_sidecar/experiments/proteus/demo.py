@@ -1,8 +1,8 @@
 """``accscale demo proteus``: three query types from one pool of emulated heterogeneous devices, live.
 
 Builds (or reuses) three model families (:mod:`export.families`: digits subnets, wine and breast-cancer
-MLPs, three variants each), starts four Triton servers as four devices of two emulated kinds (one
-``--slow``, one ``--slower`` times this machine; each batch sleeps to that), and the sidecar with a
+MLPs, three variants each), starts four Triton servers as four devices of two emulated kinds (``slow`` and
+``slower``: 100 and 300 times this machine; each batch sleeps to that), and the sidecar with a
 Proteus planner in front of them. It then sends each query type its own Poisson stream with
 ``tritonclient`` (gRPC, open loop) at ``--base-qps``, with a burst of ``--burst-qps`` on ``digits``
 in the middle third, and prints per window and type what was sent, met, refused and the mean

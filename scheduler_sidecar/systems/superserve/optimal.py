@@ -88,6 +88,7 @@ from functools import cache
 from typing import Any
 
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.systems.milp_solver import pick_solver, variable
 from scheduler_sidecar.systems.milp_solver import solve as solve_milp
 
@@ -252,11 +253,11 @@ def _build(inst: _Instance, workers: int, arrival_us: Sequence[int], deadline_us
     slots = sorted({t for a, d in windows for t in range(a, d - lengths[0] + 1)})
     window = max((d - lengths[0] + 1 - a for a, d in windows), default=0)  # most start slots of one query
     if len(kept) * window > MAX_CONFIG_SLOTS:
-        raise ValueError(
+        raise ConfigError(
             f"a query could go in {len(kept)} undominated configs (variant, batch size) x {window} start slots "
             f"= {len(kept) * window:,} > {MAX_CONFIG_SLOTS:,}: the ILP would take minutes; cut the profile to "
-            "a few variants (e.g. dataclasses.replace(profile, variants=tuple(profile.spread(16)))), pass "
-            "fewer batch_sizes or raise time_step_us")
+            "a few variants (`accscale simulate --variants N`: Profile.spread), pass fewer batch sizes "
+            "(--batch-sizes) or a coarser time grid (--time-step-us)")
 
     prob = pulp.LpProblem("zilp", pulp.LpMaximize)
     by_window: dict[tuple[int, int], list[int]] = {}
