@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test clean
+.PHONY: demo test check-pythons clean
 
 $(STAMP): pyproject.toml
 	@echo "== setting up $(VENV) (first run only)"
@@ -22,6 +22,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# before a release: every Python that pyproject.toml promises (and pyenv has) installs and passes the fast tests
+check-pythons:
+	bash scripts/check_pythons.sh
 
 clean:
 	rm -rf build model_repository/*/ runs

@@ -38,6 +38,10 @@ from export.supernet import ResidualBlock, ResNetSupernet
 from python_backend.control import ControlLayout, channels
 
 OPSET = 17
+# helper.make_model stamps the IR version of the installed onnx (13 from onnx 1.20 on), which older onnxruntime
+# refuses: 1.23.2, the newest for Python 3.10, reads at most IR 11. IR 8 is the oldest that carries opset 17,
+# as in export.families and export.small_nets.
+IR_VERSION = 8
 INPUT, LOGITS = "INPUT", "LOGITS"
 DEPTH, WIDTH, SUBNET = "DEPTH", "WIDTH", "SUBNET"
 
@@ -174,6 +178,7 @@ def _model(g: _Graph, inputs: list[onnx.ValueInfoProto], num_classes: int, name:
         initializer=g.initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="accscale")
+    model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model
 

@@ -8,6 +8,8 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from scheduler_sidecar.core.arith import ordered_sum
+
 
 @dataclass
 class SecondCounts:
@@ -42,4 +44,4 @@ def ewma(counts: Sequence[float], com: float) -> float:
         return 0.0
     alpha = 1 / (1 + com)
     weights = [(1 - alpha) ** i for i in range(len(counts))]  # newest first
-    return sum(w * c for w, c in zip(weights, reversed(counts))) / sum(weights)
+    return ordered_sum(w * c for w, c in zip(weights, reversed(counts))) / ordered_sum(weights)

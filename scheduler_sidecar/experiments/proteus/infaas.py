@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from scheduler_sidecar.core.arith import ordered_sum
 from scheduler_sidecar.core.plan import Demand, Plan
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Query
@@ -78,7 +79,7 @@ class InfaasPlanner(ProteusPlanner):
         return o.capacity_qps if o is not None else 0.0
 
     def _capacity(self, q: str) -> float:
-        return sum(self._p(w) for w in self.workers if w.type == q)
+        return ordered_sum(self._p(w) for w in self.workers if w.type == q)
 
     def _variants(self, q: str, kind: str) -> list[milp.Option]:
         return [o for o in self.options if o.type == q and o.kind == kind and o.capacity_qps > 0]
@@ -120,7 +121,7 @@ class InfaasPlanner(ProteusPlanner):
         out = {}
         for q in self.types:
             mine = [w for w in self.workers if w.type == q and self._p(w) > 0]
-            total = sum(self._p(w) for w in mine)
+            total = ordered_sum(self._p(w) for w in mine)
             out[q] = tuple(Route(w.id, w.variant, self._p(w) / total, self._option[w.kind, w.variant].max_batch)
                            for w in mine)
         return out

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler_sidecar.core.arith import ordered_sum
 from scheduler_sidecar.systems import milp_solver
 from scheduler_sidecar.systems.loki.pipeline import Path, Pipeline, StageVariant
 
@@ -184,7 +185,7 @@ class _Model:
                                               v.throughput_qps(b), v.accuracy))
         shares = {path: max(0.0, share[path].value() or 0.0) for path in usable}
         shares = {path: s for path, s in shares.items() if s > _TOL}
-        value = sum(p.accuracy(path) * s for path, s in shares.items()) / len(p.leaves)
+        value = ordered_sum(p.accuracy(path) * s for path, s in shares.items()) / len(p.leaves)
         return Solution(step, tuple(sorted(allocations, key=lambda a: (a.task, -a.accuracy))), shares, fraction,
                         value / fraction if fraction > 0 else 0.0, 0.0)
 

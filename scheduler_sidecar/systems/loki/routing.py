@@ -30,6 +30,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler_sidecar.core.arith import ordered_sum
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 
 FRONTEND = -1  # the source of the root task's queries
@@ -87,7 +88,7 @@ def most_accurate_first(pipeline: Pipeline, replicas: Sequence[Replica], demand_
         entries: dict[int, float] = {}
         total, rest = outgoing, outgoing
         for group in groups[child]:  # replicas of one variant share what they take, by leftover capacity
-            room = sum(left[w.worker_id] for w in group)
+            room = ordered_sum(left[w.worker_id] for w in group)
             if room <= _EPS or rest <= _EPS:
                 continue
             routed = min(rest, room)

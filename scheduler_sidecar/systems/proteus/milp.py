@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import pulp
 
+from scheduler_sidecar.core.arith import ordered_sum
 from scheduler_sidecar.systems.milp_solver import pick_solver, variable
 from scheduler_sidecar.systems.milp_solver import solve as solve_milp
 
@@ -131,7 +132,7 @@ def _build(problem: Problem, objective: str,
         lp += scale <= 1
         lp.setObjective(scale)
     else:
-        lp += weighted >= accuracy * scale * sum(problem.demand.values())
+        lp += weighted >= accuracy * scale * ordered_sum(problem.demand.values())
         lp.setObjective(scale)
     return lp, n, v, scale
 
@@ -170,7 +171,7 @@ def solve(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S, spread: bool 
         log.warning("proteus MILP: time limit %.1f s reached; keeping the incumbent (relative gap %.3g)",
                     time_limit_s, gap)
     objective = float(pulp.value(lp.objective) or 0.0)
-    total = sum(problem.demand.values())
+    total = ordered_sum(problem.demand.values())
     factor = 1.0
     if spread and total > 0:
         wide, wide_n, wide_v, scale = _build(problem, "spread", objective / total * (1 - 1e-7))

@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler_sidecar.core.arith import ordered_sum
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Query, WorkerState
@@ -279,7 +280,7 @@ class ProteusPlanner(Planner):
                 routes[q].append(Route(wid, variant, served / len(ids), batch[pools[p].kind, variant]))
         out = {}
         for q, rs in routes.items():
-            total = sum(r.share for r in rs) if not self.uniform_routing else len(rs)
+            total = ordered_sum(r.share for r in rs) if not self.uniform_routing else len(rs)
             out[q] = tuple(Route(r.worker_id, r.variant, (1.0 if self.uniform_routing else r.share) / total,
                                  r.max_batch) for r in rs) if rs else ()
         return out
