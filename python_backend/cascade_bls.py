@@ -35,15 +35,7 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from python_backend.bls import (
-    REQUEST_ERRORS,
-    BlsConfig,
-    error_response,
-    infer,
-    number,
-    request_options,
-    request_plan,
-)
+from python_backend import bls
 from python_backend.cascade import ANSWER, CONFIDENT, EARLY, LAST, confidence, route
 
 MAX_BATCH = 32  # a model's largest profiled batch
@@ -51,7 +43,7 @@ MAX_BATCH = 32  # a model's largest profiled batch
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = BlsConfig(args)
+        config = bls.BlsConfig(args)
         self.models, self.index = config.models, config.index
         self.default_plan = None if config.deployed_plan is None else self._check(config.deployed_plan)
 
@@ -61,13 +53,13 @@ class TritonPythonModel:
         groups: dict[str, list] = {}  # plan (as JSON) -> [(request, row offset, inputs, budget)]
         for i, request in enumerate(requests):
             try:
-                options = request_options(request)
-                plan = self._check(request_plan(options, "cascade_plan", self.default_plan))
+                options = bls.request_options(request)
+                plan = self._check(bls.request_plan(options, "cascade_plan", self.default_plan))
                 budget = float(options.get("budget_ms", math.inf))
                 if math.isnan(budget):
                     raise ValueError("budget_ms must be a number")
                 x = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
-            except REQUEST_ERRORS as exc:
+            except bls.REQUEST_ERRORS as exc:
                 errors[i] = f"{type(exc).__name__}: {exc}"
                 continue
             groups.setdefault(json.dumps(plan, sort_keys=True), []).append((i, x, budget))
@@ -77,7 +69,7 @@ class TritonPythonModel:
                 self._run(json.loads(key), members, answers, start)
             except pb_utils.TritonModelException as exc:  # a model failed: its group's requests are told
                 errors.update((i, f"a cascade model failed: {exc}") for i, _, _ in members)
-        return [error_response(errors[i]) if i in errors else pb_utils.InferenceResponse(output_tensors=[
+        return [bls.error_response(errors[i]) if i in errors else pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, array) for name, array in zip(("LABEL", "MODEL", "CONFIDENCE", "REASON"),
                                                                          answers[i])])
                 for i in range(len(requests))]
@@ -95,14 +87,14 @@ class TritonPythonModel:
             raise ValueError(f"the plan's models must be distinct models of this cascade {self.models}, "
                              f"got {models}")
         if not isinstance(thresholds, list) or len(thresholds) != len(models) - 1 or not all(
-                number(t) and 0 <= t <= 1 for t in thresholds):
+                bls.number(t) and 0 <= t <= 1 for t in thresholds):
             raise ValueError(f"the plan needs {len(models) - 1} thresholds in [0, 1]")
         temperatures = plan.get("temperatures", {})
-        if not isinstance(temperatures, dict) or not all(number(temperatures.get(m)) and temperatures[m] > 0
+        if not isinstance(temperatures, dict) or not all(bls.number(temperatures.get(m)) and temperatures[m] > 0
                                                          for m in models):
             raise ValueError("the plan needs a positive temperature for each of its models")
         exec_ms = plan.get("exec_ms", {})
-        if not isinstance(exec_ms, dict) or not all(number(v) and v >= 0 for v in exec_ms.values()):
+        if not isinstance(exec_ms, dict) or not all(bls.number(v) and v >= 0 for v in exec_ms.values()):
             raise ValueError("the plan's exec_ms must map models to times >= 0")
         if not isinstance(plan.get("skip", False), bool):
             raise ValueError("the plan's skip must be true or false")
@@ -119,7 +111,7 @@ class TritonPythonModel:
             rows = np.flatnonzero(at == i)
             if not len(rows):
                 continue
-            labels, c = confidence(infer(name, x[rows], MAX_BATCH), plan["temperatures"][name])
+            labels, c = confidence(bls.infer(name, x[rows], MAX_BATCH), plan["temperatures"][name])
             onward = route(i, c, np.asarray(plan["thresholds"][i] if i < last else 0.0), last, plan["skip"])
             elapsed_ms = (time.perf_counter() - start) * 1000
             nxt_ms = np.array([plan["exec_ms"].get(models[j], 0.0) if j != ANSWER else 0.0 for j in onward])

@@ -64,15 +64,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from python_backend.bls import (
-    REQUEST_ERRORS,
-    BlsConfig,
-    error_response,
-    infer,
-    number,
-    request_options,
-    request_plan,
-)
+from python_backend import bls
 from python_backend.loki_routing import DROP_MODES, Allowance, Choice, next_hop, too_late
 from python_backend.pipeline import MAX_OBJECTS, crops, decode
 
@@ -104,7 +96,7 @@ class Crop:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = BlsConfig(args)
+        config = bls.BlsConfig(args)
         self.scripted = config.params.get("scripted_delays") == "1"
         self.default_plan = config.deployed_plan
         self.rng = np.random.default_rng(int(config.params.get("seed", "0")))
@@ -118,17 +110,17 @@ class TritonPythonModel:
         for request in requests:
             try:
                 answers.append(self._frames(request))
-            except REQUEST_ERRORS as exc:
+            except bls.REQUEST_ERRORS as exc:
                 answers.append(f"{type(exc).__name__}: {exc}")
         try:
             self._run([f for a in answers if not isinstance(a, str) for f in a], start)
         except pb_utils.TritonModelException as exc:  # a stage model failed: every frame of the batch is told
             answers = [a if isinstance(a, str) else f"a pipeline stage failed: {exc}" for a in answers]
-        return [error_response(a) if isinstance(a, str) else self._response(a) for a in answers]
+        return [bls.error_response(a) if isinstance(a, str) else self._response(a) for a in answers]
 
     def _frames(self, request) -> list[Frame]:
-        options = request_options(request)
-        plan = request_plan(options, "loki_plan", self.default_plan)
+        options = bls.request_options(request)
+        plan = bls.request_plan(options, "loki_plan", self.default_plan)
         self._check(plan)
         # copies, here and of the stage models' outputs: a tensor's array may be a view of the stub's shared memory,
         # which it reuses while this execution calls the stage models (a test saw crops labelled from other pixels)
@@ -158,12 +150,12 @@ class TritonPythonModel:
                 if task not in ("detect", *KIND_TASK.values()) or not isinstance(table, list) or not table:
                     raise ValueError(f"the plan's table {source} -> {task!r} is empty or names no task")
                 for model, weight in table:
-                    if not number(weight) or not weight >= 0:
+                    if not bls.number(weight) or not weight >= 0:
                         raise ValueError(f"the plan's weight for {model!r} must be a number >= 0")
                     (detectors if task == "detect" else classifiers).add(model)
         for backups in plan.get("backups", {}).values():
             for model, spare in backups:
-                if not number(spare) or not spare >= 0:
+                if not bls.number(spare) or not spare >= 0:
                     raise ValueError(f"the plan's spare capacity of backup {model!r} must be a number >= 0")
                 classifiers.add(model)
         unknown = (detectors | classifiers) - set(self.index)
@@ -172,7 +164,7 @@ class TritonPythonModel:
         for detector in {m for m, _ in frontend}:
             if any(not tables.get(detector, {}).get(task) for task in KIND_TASK.values()):
                 raise ValueError(f"the plan has no table from {detector!r} to each of {list(KIND_TASK.values())}")
-        for key, models, valid in (("budget_ms", detectors, number), ("exec_ms", classifiers, number),
+        for key, models, valid in (("budget_ms", detectors, bls.number), ("exec_ms", classifiers, bls.number),
                                    ("batch", detectors | classifiers, _whole)):
             missing = [m for m in models if not valid(plan.get(key, {}).get(m))]
             if missing:
@@ -200,7 +192,7 @@ class TritonPythonModel:
         queues: dict[tuple[str, int], list[Crop]] = {}  # (classifier, its planned batch) -> the crops sent there
         for (detector, batch), group in by_detector.items():
             for chunk in chunks(group, batch):
-                heat = infer(detector, np.stack([f.pixels for f in chunk]))
+                heat = bls.infer(detector, np.stack([f.pixels for f in chunk]))
                 if self.scripted:
                     time.sleep(max(f.delay_ms for f in chunk) / 1000)
                 inside_ms = (time.perf_counter() - start) * 1000
@@ -248,7 +240,7 @@ class TritonPythonModel:
             chunk, queue = queue[:batch], queue[batch:]
             if not chunk:
                 break
-            labels = infer(model, np.stack([c.patch for c in chunk])).argmax(axis=1)
+            labels = bls.infer(model, np.stack([c.patch for c in chunk])).argmax(axis=1)
             for c, label in zip(chunk, labels):
                 row, col, kind = (int(v) for v in c.detection)
                 c.frame.objects.append({"row": row, "col": col, "kind": kind, "label": int(label), "model": model,
@@ -289,7 +281,7 @@ def per_row(options: dict, key: str, rows: int, default: float, worst: Callable[
     if key not in options:
         return [default] * rows
     values = json.loads(options[key]) if isinstance(options[key], str) else options[key]
-    if not isinstance(values, list) or not all(number(v) for v in values):
+    if not isinstance(values, list) or not all(bls.number(v) for v in values):
         raise ValueError(f"{key} must be a JSON list of numbers, one per frame")
     if len(values) < rows:
         raise ValueError(f"{key} has {len(values)} numbers for {rows} frames")

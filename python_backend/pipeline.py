@@ -45,7 +45,7 @@ def decode(heatmap: np.ndarray) -> np.ndarray:
 
 def components(frames: np.ndarray) -> np.ndarray:
     """The classical detector on frames [N, 1, SIZE, SIZE]: one-hot LOGITS [N, 3, SIZE/4, SIZE/4]."""
-    from scipy import ndimage
+    from scipy import ndimage  # lazy: scipy, for the classical detector alone
 
     cells = SIZE // STRIDE
     out = np.zeros((len(frames), 3, cells, cells), np.float32)

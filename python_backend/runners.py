@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from python_backend.control import ControlError, ControlLayout
+from python_backend.pipeline import components
 
 SUBNETS_FILE = "subnets.json"  # beside the supernet's model.onnx: the calibrated subnets in SUBNET order
 MODEL_FILE = "model.onnx"
@@ -23,7 +24,7 @@ MODEL_FILE = "model.onnx"
 
 def make_session(path: Path, threads: int):
     """An onnxruntime session with every graph optimisation on and ``threads`` intra-op threads."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: onnxruntime (export and the sidecar read this module's names without it)
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -159,8 +160,6 @@ class ComponentsRunner:
         pass
 
     def run(self, images: np.ndarray, subnet_of_row: np.ndarray | None = None) -> np.ndarray:
-        from python_backend.pipeline import components
-
         return components(images)
 
     def warm_up(self, images: np.ndarray) -> int:

@@ -74,6 +74,21 @@ def test_imports_point_one_way():
     assert violations(REPO_ROOT) == []
 
 
+def test_an_import_inside_a_function_says_what_it_defers():
+    """Imports sit at the top of a module, where they show its dependencies, unless one defers a heavy package
+    (torch, gRPC, matplotlib, a solver: ``accscale --help`` must not pay for them); such an import says so."""
+    silent = []
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            lines = path.read_text().splitlines()
+            for fn in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    silent += [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for node in ast.walk(fn)
+                               if isinstance(node, (ast.Import, ast.ImportFrom))
+                               and not any("#" in line for line in lines[node.lineno - 2:node.end_lineno])]
+    assert silent == []
+
+
 def test_an_upward_import_is_caught(tmp_path):
     for module, source in {"scheduler_sidecar/__init__.py": "",
                            "scheduler_sidecar/core/__init__.py": "",

@@ -17,6 +17,7 @@ from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 from scheduler_sidecar.systems import make_policy, option_names, policies, policy_class
 from scheduler_sidecar.systems.loki.data import load_pipeline
 from scheduler_sidecar.systems.loki.planner import LokiConfig
+from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv, to_profile
 from scheduler_sidecar.systems.superserve.optimal import solve_optimal
 
 MAX_OPTIMAL_QUERIES = 200  # the time-indexed ZILP grows quickly; beyond this it is impractical
@@ -100,8 +101,6 @@ def load_queries(trace_path: Path, slo_ms: float) -> tuple[np.ndarray, np.ndarra
 def load_profile(path: Path, profile_set: str | None = None):
     """A profile JSON, or a RAMSIS summary CSV turned into one (its p95 as p50 and p99, digest A7)."""
     if path.suffix.lower() == ".csv":
-        from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv, to_profile
-
         return to_profile(load_summary_csv(path, profile_set))
     if profile_set:
         raise ConfigError("--profile-set applies to a RAMSIS summary CSV profile only")

@@ -3,7 +3,7 @@
 The HybridServe demo's family and cascade BLS (:mod:`scheduler_sidecar.experiments.hybridserve.demo`) on one Triton
 whose models run its emulated slowdown, the sidecar with ``[planner] kind = "hybridserve"`` (``--mode``,
 ``--instances``, ``--rounding``, ``--no- prune``), and a gamma trace (CV² 4) at ``--rate-qps`` whose payload indices
-are samples of the family's test split. Simulated by :mod:`~scheduler_sidecar.systems.hybridserve. simulation` with
+are samples of the family's test split. Simulated by :mod:`~scheduler_sidecar.experiments.hybridserve.simulation` with
 the same cascade, replicas, slowdown and SLO, on the same samples. Attainment: the sidecar's /metrics, the client's
 request log, the simulated requests met. Accuracy is what the answers were worth: the share of met requests answered
 right, live from the request log (the answer's LABEL against the sample's label) over the requests the sidecar met
