@@ -80,8 +80,11 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.add_argument("--slowdown", type=float,
                    help="models run this many times slower than measured here (default: the largest model's batch "
                         f"of {ROWS} takes {LARGEST_BATCH_MS:g} ms)")
-    p.add_argument("--clients", type=int, default=BLS_INSTANCES,
-                   help=f"closed-loop clients when saturating (default: {BLS_INSTANCES}, one per BLS instance)")
+    p.add_argument("--bls-instances", type=int, default=BLS_INSTANCES,
+                   help=f"instances of the cascade's BLS model, each a batch through every hop at once (default: "
+                        f"{BLS_INSTANCES})")
+    p.add_argument("--clients", type=int,
+                   help="closed-loop clients when saturating (default: one per BLS instance)")
     p.add_argument("--warmup-s", type=float, default=5.0,
                    help="seconds of saturation before the measured window (default: 5)")
     p.add_argument("--saturate-s", type=float, default=10.0, help="seconds measured per mode (default: 10)")
@@ -105,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     period_s = args.slowdown * family.models[-1].latency.p50_at(ROWS) / 1000
     config = HybridServeConfig(args.instances, args.replicas, args.slowdown)
     planners = _planners(family, config)
-    repo = write_bls(family, planners["ap-pruned"].bls_plan)
+    args.clients = args.clients or args.bls_instances
+    repo = write_bls(family, planners["ap-pruned"].bls_plan, args.bls_instances)
     images, labels = family.images("test")
     # an emulated device sleeps most of each batch: GPUs would read idle power, so its energy is the power model's
     meter = nvml_meter() if args.slowdown == 1 else None
@@ -159,12 +163,12 @@ def default_slowdown(family: Family) -> float:
     return max(1.0, LARGEST_BATCH_MS / family.models[-1].latency.p50_at(ROWS))
 
 
-def write_bls(family: Family, plan: dict) -> Path:
+def write_bls(family: Family, plan: dict, instances: int = BLS_INSTANCES) -> Path:
     """The cascade's BLS model, ``plan`` its default, beside the family's models; returns their repository."""
     from export import repository  # lazy: onnx, torch
 
     repo = family.folder / "repository"
-    repository.write_cascade(repo, BLS, plan, family.names, max_batch_size=ROWS, instances=BLS_INSTANCES)
+    repository.write_cascade(repo, BLS, plan, family.names, max_batch_size=ROWS, instances=instances)
     return repo
 
 

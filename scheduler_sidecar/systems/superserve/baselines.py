@@ -15,6 +15,7 @@ import bisect
 
 from scheduler_sidecar.core.policy import HeadSlackPolicy
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.errors import ConfigError
 
 
 class OneVariant:
@@ -52,4 +53,6 @@ class Infaas(ClipperPlus):
     name = "infaas"
 
     def __init__(self, profile: Profile, **options) -> None:
+        if "variant_id" in options:
+            raise ConfigError("infaas serves the least accurate variant; it takes no variant_id")
         super().__init__(profile, variant_id=profile.variants[0].id, **options)
