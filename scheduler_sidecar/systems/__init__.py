@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler_sidecar.core.plan import Planner
-from scheduler_sidecar.core.policy import LateQueries, Policy
+from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import AccscaleError, ConfigError
 
@@ -129,5 +129,5 @@ def option_names(cls: type[Policy]) -> frozenset[str]:
     return frozenset(names)
 
 
-__all__ = ["PACKAGES", "LateQueries", "PlannerContext", "PlannerEntry", "Policy", "System", "make_policy",
-           "option_names", "planner", "policies", "policy_class", "system", "systems"]
+__all__ = ["PACKAGES", "PlannerContext", "PlannerEntry", "System", "make_policy", "option_names", "planner", "policies",
+           "policy_class", "system", "systems"]
