@@ -105,7 +105,7 @@ class PlannerSpec:
     def __post_init__(self) -> None:
         self.settings  # noqa: B018  checks the options
 
-    @property
+    @cached_property
     def entry(self) -> PlannerEntry:
         return systems.planner(self.kind)
 

@@ -31,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a Triton worker's gRPC endpoint (repeatable; replaces the config's workers)")
     p.add_argument("--profile", type=Path, help="serve one logical model from this profile (instead of [[models]])")
     p.add_argument("--model-name", default="digits", help="name clients use for the --profile model (default: digits)")
-    p.add_argument("--policy", choices=sorted(policies()), metavar="POLICY",
-                   help=f"policy for the --profile model, one of {', '.join(sorted(policies()))} (default: slackfit)")
+    names = sorted(policies())
+    p.add_argument("--policy", choices=names, metavar="POLICY",
+                   help=f"policy for the --profile model, one of {', '.join(names)} (default: slackfit)")
     p.add_argument("--default-slo-ms", type=float, help="SLO of requests without slo_us, --profile model (default 50)")
     p.add_argument("--queue-limit", type=int, help="queued requests before refusing, --profile model (default 1024)")
     p.add_argument("--overhead-us", type=int, help="time per request outside the sidecar's view (client, network), "
