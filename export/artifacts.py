@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import data, onnx_writer, train
+from export.cache import exclusive
 from export.presets import DEFAULT_BUILD_DIR, MEASURED_BATCH_SIZES, PROFILE_REPEATS, Preset
 from export.profiler import CALIBRATION_IMAGES, Calibration, Candidate, profile_supernet, search
 from export.subnetact import SubNetAct
@@ -51,20 +52,22 @@ class Artifacts:
     def supernet(self) -> SubNetAct:
         """The trained supernet, training it first if there is no up-to-date checkpoint."""
         key = _hash(json.dumps(self.preset.training_fields(), sort_keys=True), repr(data.FINGERPRINT))
-        if not _fresh(self.checkpoint, key):
-            log.info("training the %r supernet (cached in %s)", self.preset.name, self.checkpoint)
-            train.save(train.train(self.preset), self.checkpoint)
-            _stamp(self.checkpoint, key)
+        with exclusive(self.folder):
+            if not _fresh(self.checkpoint, key):
+                log.info("training the %r supernet (cached in %s)", self.preset.name, self.checkpoint)
+                train.save(train.train(self.preset), self.checkpoint)
+                _stamp(self.checkpoint, key)
         return train.load(self.checkpoint)
 
     def calibration(self, act: SubNetAct) -> Calibration:
         """Every searched subnet with its statistics, searching first if not up to date."""
         key = _hash(_file_hash(self.checkpoint), str(self.preset.search_candidates), str(CALIBRATION_IMAGES),
                     repr(data.HELDOUT_FINGERPRINT))
-        if not _fresh(self.calibration_path, key):
-            log.info("searching %d subnets (cached in %s)", self.preset.search_candidates, self.calibration_path)
-            search(act, self.preset).save(self.calibration_path)
-            _stamp(self.calibration_path, key)
+        with exclusive(self.folder):
+            if not _fresh(self.calibration_path, key):
+                log.info("searching %d subnets (cached in %s)", self.preset.search_candidates, self.calibration_path)
+                search(act, self.preset).save(self.calibration_path)
+                _stamp(self.calibration_path, key)
         return Calibration.load(self.calibration_path, act)
 
     def profiled(self, act: SubNetAct, calibration: Calibration, *, mode: str = "triton",
@@ -74,15 +77,17 @@ class Artifacts:
         # the graph writer is part of the key: latency is measured on the exported graph
         key = _hash(_file_hash(self.calibration_path), _file_hash(Path(onnx_writer.__file__)), mode, str(repeats),
                     repr(MEASURED_BATCH_SIZES))
-        if not rebuild and _fresh(path, key):
-            profile = Profile.load(path)
-            return profile, calibration.select([v.id for v in profile.variants])
-        source = f"accscale profile --preset {self.preset.name} --mode {mode} on {platform.node()} ({platform.machine()})"
-        profile, kept = profile_supernet(act, calibration, mode=mode, repeats=repeats,
-                                         name=f"digits-supernet-{self.preset.name}", source=source)
-        profile.save(path)
-        _stamp(path, key)
-        return profile, kept
+        with exclusive(self.folder):
+            if not rebuild and _fresh(path, key):
+                profile = Profile.load(path)
+                return profile, calibration.select([v.id for v in profile.variants])
+            source = (f"accscale profile --preset {self.preset.name} --mode {mode} on {platform.node()} "
+                      f"({platform.machine()})")
+            profile, kept = profile_supernet(act, calibration, mode=mode, repeats=repeats,
+                                             name=f"digits-supernet-{self.preset.name}", source=source)
+            profile.save(path)
+            _stamp(path, key)
+            return profile, kept
 
 
 def _hash(*parts: str) -> str:

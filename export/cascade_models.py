@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from export import repository, small_nets
+from export.cache import exclusive
 from export.data import distort, upscale
 from export.profiler import percentile, time_rounds
 from python_backend.emulation import write_latency
@@ -86,10 +87,14 @@ def mixed(images: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.
 def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
     """Train, calibrate, export and profile the family into ``folder`` unless it is up to date; its cascade.json."""
     stamp = folder / "cascade.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("recipe_key") == recipe.key():
-        return stamp
-    from sklearn.datasets import load_digits  # lazy: sklearn
+    with exclusive(folder):
+        if not (stamp.exists() and json.loads(stamp.read_text()).get("recipe_key") == recipe.key()):
+            _build(folder, recipe, stamp)
+    return stamp
 
+
+def _build(folder: Path, recipe: Recipe, stamp: Path) -> None:
+    from sklearn.datasets import load_digits  # lazy: sklearn
 
     log.info("building HybridServe's model family into %s", folder)
     digits = load_digits()
@@ -132,7 +137,6 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
                                  "cost_batch": COST_BATCH,
                                  "difficulties": list(DIFFICULTIES), "mix": list(MIX),
                                  "split_sizes": {s: int(len(e["labels"])) for s, e in evals.items()}}, indent=1))
-    return stamp
 
 
 def _accuracy(logits: np.ndarray, split: dict) -> dict[str, float]:

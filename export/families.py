@@ -31,6 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export import repository
 from export.artifacts import Artifacts
+from export.cache import exclusive
 from export.presets import get_preset
 from export.profiler import export_static, percentile, time_rounds
 from python_backend.emulation import write_latency
@@ -165,8 +166,15 @@ def build(folder: Path, kinds: Mapping[str, float], build_dir: Path) -> dict[str
     stamp = folder / "families.json"
     key = hashlib.sha256(json.dumps({**RECIPE, "kinds": dict(kinds)}, sort_keys=True).encode()).hexdigest()
     paths = {q: folder / f"{q}.json" for q in ("digits", "wine", "cancer")}
-    if stamp.exists() and json.loads(stamp.read_text()).get("key") == key and all(p.exists() for p in paths.values()):
-        return paths
+    with exclusive(folder):
+        if not (stamp.exists() and json.loads(stamp.read_text()).get("key") == key
+                and all(p.exists() for p in paths.values())):
+            _build(folder, kinds, build_dir, paths)
+            stamp.write_text(json.dumps({"key": key, "recipe": RECIPE, "kinds": dict(kinds)}))
+    return paths
+
+
+def _build(folder: Path, kinds: Mapping[str, float], build_dir: Path, paths: dict[str, Path]) -> None:
     repo = folder / "repository"
     log.info("building the digits, wine and cancer families into %s", folder)
     families = {"digits": _digits(repo, build_dir), "wine": _mlps("wine", repo), "cancer": _mlps("cancer", repo)}
@@ -174,5 +182,3 @@ def build(folder: Path, kinds: Mapping[str, float], build_dir: Path) -> dict[str
         members.sort(key=lambda m: m[2])
         Profile(f"family-{q}", "export/families.py (onnxruntime, 1 thread, this machine)",
                 _variants(members, kinds)).save(paths[q])
-    stamp.write_text(json.dumps({"key": key, "recipe": RECIPE, "kinds": dict(kinds)}))
-    return paths

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from export import repository, small_nets
+from export.cache import exclusive
 from export.profiler import percentile, time_rounds
 from export.scenes import DIGIT, SHAPE, Scenes, generate, heatmap_targets
 from export.small_nets import cnn, to_onnx
@@ -105,8 +106,13 @@ def match(detections: np.ndarray, objects: np.ndarray) -> np.ndarray:
 def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
     """Train, export, measure and profile the pipeline into ``folder`` unless it is up to date; its ``loki.json``."""
     stamp = folder / "loki.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("recipe_key") == recipe.key():
-        return stamp
+    with exclusive(folder):
+        if not (stamp.exists() and json.loads(stamp.read_text()).get("recipe_key") == recipe.key()):
+            _build(folder, recipe, stamp)
+    return stamp
+
+
+def _build(folder: Path, recipe: Recipe, stamp: Path) -> None:
     repo = folder / "repository"
     log.info("building the Loki pipeline's models into %s", folder)
     train, heldout = generate(recipe.train_scenes, "train", 1), generate(recipe.heldout_scenes, "heldout", 2)
@@ -145,7 +151,6 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
         "tasks": {"detect": ["digits", "shapes"], "digits": [], "shapes": []},
         "task_of": {k: m["task"] for k, m in models.items()}, **pipeline,
         "latency_ms": {k: m["latency"] for k, m in models.items()}}, indent=1))
-    return stamp
 
 
 def _measure(heldout: Scenes, detections: dict[str, list[np.ndarray]], models: dict[str, dict]) -> dict:
