@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/accscale demo
 
+# one pytest worker per core; a worker steals from another's queue when its own runs dry (the tests vary from
+# milliseconds to minutes); the slow ones are ordered first (tests/conftest.py)
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist worksteal
 
 # before a release: every Python that pyproject.toml promises (and pyenv has) installs and passes the fast tests
 check-pythons:

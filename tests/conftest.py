@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,11 @@ from pathlib import Path
 import pytest
 
 from export.presets import DEFAULT_BUILD_DIR, get_preset
+
+# pytest-xdist's workers share the machine's cores: one math thread each (set before torch is imported), or torch's
+# and onnxruntime's thread pools spin against each other and training slows down many times over
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NUM_STATIC = 3  # static subnet models exported for the tests
@@ -62,6 +68,12 @@ def hybridserve_family():
     from scheduler_sidecar.systems.hybridserve.family import Family
 
     return Family.load(build(REPO_ROOT / DEFAULT_BUILD_DIR / "hybridserve"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first: spread over pytest-xdist's workers, the long ones start early instead of ending the run on
+    one worker while the others idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # --------------------------------------------------------------------------- every test that starts Triton says so
