@@ -119,9 +119,10 @@ def write_profile(path, query_type: str, deployment, base_ms: tuple[float, ...])
     Profile(source.name, source.source, variants).save(path)
 
 
-def test_a_plan_change_under_load_loads_and_unloads_the_difference_and_drops_nothing(deployment, images):
+def test_a_plan_change_under_load_loads_and_unloads_the_difference_and_loses_nothing(deployment, images):
     """Load on one type beyond its most accurate variant's planned capacity: the next plan moves its device to a
-    faster variant (loaded beside the old one, which then leaves); every request is answered."""
+    faster variant (loaded beside the old one, which then leaves); every request is answered or refused as too
+    late, with its reason."""
     import asyncio
 
     import tritonclient.grpc.aio as aioclient
@@ -154,9 +155,16 @@ def test_a_plan_change_under_load_loads_and_unloads_the_difference_and_drops_not
         answers = asyncio.run(drive(server.grpc_url))
         after = [ready_models(t, deployment["models"]) for t in (fast, slow)]
         log = server.log_path.read_text()
+    # through the plan change every request is answered, or refused with its reason when a busy machine makes it
+    # too late: admitted by no worker in its SLO (RESOURCE_EXHAUSTED) or dropped by the policy once no variant can
+    # meet its deadline (DEADLINE_EXCEEDED); none is lost or fails otherwise
     errors = [a for a in answers if isinstance(a, Exception)]
-    assert not errors, errors[:3]  # every request answered, through the plan change
-    assert len(set(answers)) >= 2  # the digits type was served by a faster variant after the change
+    refusals = ("StatusCode.RESOURCE_EXHAUSTED", "StatusCode.DEADLINE_EXCEEDED")
+    unexplained = [e for e in errors if e.status() not in refusals or "cannot be met" not in str(e)
+                   and "dropped by proteus" not in str(e)]
+    assert not unexplained, [f"{e.status()}: {e}" for e in unexplained[:3]]
+    served = [a for a in answers if isinstance(a, str)]
+    assert len(set(served)) >= 2  # the digits type was served by a faster variant after the change
     assert [len(p) for p in after] == [1, 1]  # the old variant left once the new one was in
     changed = [i for i in (0, 1) if before[i] != after[i]]
     assert changed, (before, after)
