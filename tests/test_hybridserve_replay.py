@@ -116,7 +116,9 @@ def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
     from scheduler_sidecar.cli import main
 
     build_dir = hybridserve_family.folder.parent
-    assert main(["reproduce", "hybridserve", "--json", "--seconds", "2", "--build-dir", str(build_dir),
+    # short: 2 s replays, 10 search rounds, 2 s placement solves (the same figures, searched and solved less long)
+    assert main(["reproduce", "hybridserve", "--json", "--seconds", "2", "--search-rounds", "10",
+                 "--placement-limit-s", "2", "--build-dir", str(build_dir),
                  "--out", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) == {"ap", "eo", "largest"}

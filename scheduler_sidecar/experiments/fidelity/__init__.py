@@ -63,6 +63,9 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     f.add_argument("--instances", type=int,
                    help="loki: the replica budget (default: 6); hybridserve: the model instances the replicas share "
                         "(default: 16)")
+    f.add_argument("--bls-instances", type=int,
+                   help="hybridserve: instances of the cascade's BLS model (default: the demo's, "
+                        "each a batch through every hop at once)")
     f.add_argument("--rounding", choices=(NEAREST, BALANCED), default=NEAREST,
                    help="hybridserve: how the replicas are rounded (default: nearest)")
     f.add_argument("--out", type=Path, help="keep the run's files here: traces, configs, request logs, the sidecar's "

@@ -63,7 +63,9 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     profile = demo.cascade_profile(tmp / "profile.json", family, planner.point, config.slowdown)
     # the Triton model the sidecar calls (the BLS, or the largest model alone), then the cascade's
     served = tuple(dict.fromkeys((Profile.load(profile).variants[0].actuation.model, *cascade.models)))
-    with deploy(demo.write_bls(family, planner.bls_plan), [*family.names, demo.BLS], [Device(config.slowdown)],
+    bls_instances = args.bls_instances or demo.BLS_INSTANCES
+    with deploy(demo.write_bls(family, planner.bls_plan, bls_instances), [*family.names, demo.BLS],
+                [Device(config.slowdown)],
                 config=demo.sidecar_config(stamp, profile, args.mode, args.prune, config, args.slo_ms)) as d:
         (triton,), sidecar = d.tritons, d.sidecar
         reloads = _logged(sidecar, RELOADED, len(planner.instances))  # the plan's instance counts are in place
@@ -88,7 +90,7 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
                       "answered": dict(zip(cascade.models, sim.answered)), "answered_early": sim.answered_early},
         "deployment": {"mode": args.mode, "prune": args.prune, "models": list(cascade.models),
                        "thresholds": list(cascade.thresholds), "skip": cascade.skip, "replicas": planner.instances,
-                       "bls_instances": demo.BLS_INSTANCES, "slowdown": round(config.slowdown, 1),
+                       "bls_instances": bls_instances, "slowdown": round(config.slowdown, 1),
                        "slo_ms": args.slo_ms, "rate_qps": round(trace.mean_rate_qps, 1),
                        "reload_ms_live": {m: int(ms) for m, _, done, ms in reloads if done == "reloaded"}},
         "differences": {

@@ -54,7 +54,7 @@ from scheduler_sidecar.systems.hybridserve.planner import (
     pruned_point,
 )
 from scheduler_sidecar.systems.hybridserve.pruning import Pruned, prune
-from scheduler_sidecar.systems.hybridserve.search import SearchConfig, SearchResult, search
+from scheduler_sidecar.systems.hybridserve.search import DEFAULT_SEARCH, SearchConfig, SearchResult, search
 
 # Algorithm 3's devices: two servers, each two of a fast kind and one of a slow kind (the slow at a third of the speed, as the Proteus
 # demo's emulated kinds); memory per instance: Family.memory_mb
@@ -83,6 +83,10 @@ def register(papers: argparse._SubParsersAction) -> None:
                    help="model latency in the replay and the placement, times the measured: an emulated slower device "
                         f"(default: the largest model alone offered {LARGEST_LOAD:g}x what the instances serve, "
                         "whatever this machine's speed)")
+    p.add_argument("--placement-limit-s", type=float, default=placement.TIME_LIMIT_S,
+                   help=f"time limit of each placement solve, the incumbent after it (default: {placement.TIME_LIMIT_S:g})")
+    p.add_argument("--search-rounds", type=int, default=DEFAULT_SEARCH.max_rounds,
+                   help=f"Algorithm 1's rounds at most, for every search (default: {DEFAULT_SEARCH.max_rounds})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
     p.add_argument("--out", type=Path, default=Path("runs/hybridserve"), help="output folder")
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     family = Family.load(build(args.build_dir / "hybridserve"))
     derived = LARGEST_LOAD * args.instances / (args.rate_qps * family.costs[-1])
     args.slowdown = args.slowdown or round(max(1.0, derived), 1)
-    config = SearchConfig(seed=args.seed)
+    config = SearchConfig(max_rounds=args.search_rounds, seed=args.seed)
     progress("Algorithm 1 on the search split")
     result = search(family.predictions("search"), family.costs, config=config)
     points = operating_points(family, result=result)
@@ -197,7 +201,8 @@ def _placement_row(family: Family, p: OperatingPoint, args: argparse.Namespace) 
     index = [family.names.index(m) for m in p.cascade.models]
     latency_s = args.slowdown * family.costs[index]
     memory = [family.memory_mb(m) for m in p.cascade.models]
-    placed = placement.plan(p.validation.reach, latency_s, memory, p.flow(family), DEVICES, args.rate_qps)
+    placed = placement.plan(p.validation.reach, latency_s, memory, p.flow(family), DEVICES, args.rate_qps,
+                            time_limit_s=args.placement_limit_s)
     where: dict[str, list[str]] = {d.name: [] for d in DEVICES}
     for inst, device in zip(placed.instances, placed.devices):
         where[device].append(f"{p.cascade.models[inst.model].removeprefix('cascade_')}#{inst.replica}")
