@@ -55,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"(default: {PROFILE_REPEATS})")
     p.add_argument("--out", type=Path, help="profile path (default: build/<preset>/profile.json)")
     p.set_defaults(func=run_profile)
+    _register_operator_profiles(p.add_subparsers(dest="profile_what", metavar="{triton,validate}"))
 
     e = subparsers.add_parser(
         "export", help="export the supernet and static subnets from a profile into the Triton repository",
@@ -69,6 +70,63 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--static-spread", type=int, default=0, metavar="N",
                    help="also export N Pareto subnets uniformly spaced in accuracy as static models")
     e.set_defaults(func=run_export)
+
+
+def _register_operator_profiles(what: argparse._SubParsersAction) -> None:
+    """``accscale profile triton`` and ``accscale profile validate``: an operator's own models (the supernet
+    profiler above is ``accscale profile`` with no subcommand)."""
+    t = what.add_parser(
+        "triton", help="profile the models a running Triton serves, any backend (an operator's own family)",
+        description="Reads each model's metadata and config from a running Triton, measures p50 and p99 latency "
+                    "per batch size at concurrency 1 (warm-up calls, then --repeats timed ones), with "
+                    "--load-repeats its cold-load time (Triton's explicit model control), GPU memory where "
+                    "Triton's metrics report it, and takes accuracy from --accuracy (CSV: model, version, "
+                    "accuracy, metric, dataset) or measures it through Triton on --data's labelled rows. Writes "
+                    "an accscale/profile/v1 file with one variant per model (actuation kind 'model') and its "
+                    "provenance. A Model Analyzer config (--config) gives profile_models, batch_sizes and "
+                    "triton_grpc_endpoint.")
+    t.add_argument("--url", help="Triton's gRPC endpoint (default: the config's triton_grpc_endpoint, or "
+                                 "127.0.0.1:8001)")
+    t.add_argument("--models", help="comma-separated model names, each NAME or NAME:VERSION (default: the config's "
+                                    "profile_models)")
+    t.add_argument("--config", type=Path, help="a Model Analyzer config (YAML) to read those keys from")
+    t.add_argument("--batch-sizes", help="comma-separated batch sizes (default: 1,2,4,8,16,32; sizes above a "
+                                         "model's max batch size are left out)")
+    t.add_argument("--repeats", type=int, default=50, help="timed calls per model and batch size (default: 50)")
+    t.add_argument("--warmup", type=int, default=5, help="untimed calls before them (default: 5)")
+    t.add_argument("--load-repeats", type=int, default=0,
+                   help="measure cold-load time this many times per model (unload, load until ready; needs "
+                        "--model-control-mode=explicit; default: 0, not measured: it takes a serving model away)")
+    t.add_argument("--metrics-url", help="Triton's metrics URL, for the GPU memory a load adds "
+                                         "(e.g. http://127.0.0.1:8002/metrics)")
+    t.add_argument("--device-kind", default="cpu",
+                   help="the device kind these latencies are for, as the sidecar's workers name it (default: cpu)")
+    t.add_argument("--accuracy", type=Path, help="CSV with columns model, version, accuracy, metric, dataset")
+    t.add_argument("--data", type=Path,
+                   help="a .npz of input rows by input name; with an array 'labels', accuracy is measured "
+                        "through Triton for the models --accuracy leaves out")
+    t.add_argument("--shape", action="append", default=[], metavar="NAME:d1,d2",
+                   help="dims (without the batch dimension) of an input whose config leaves some variable")
+    t.add_argument("--name", help="the profile's name (default: the output file's stem)")
+    t.add_argument("--out", type=Path, required=True, help="where the profile goes")
+    t.set_defaults(func=_run_triton_profile)
+    v = what.add_parser("validate", help="check a profile (hand-written or measured) as the sidecar reads it",
+                        description="Loads the profile as the sidecar and simulator do: every error names the "
+                                    "file and the field. Then says what it holds.")
+    v.add_argument("file", type=Path, help="the profile (JSON)")
+    v.set_defaults(func=_run_validate)
+
+
+def _run_triton_profile(args: argparse.Namespace) -> int:
+    from export import triton_profile  # lazy: tritonclient.grpc
+
+    return triton_profile.run(args)
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    from export import triton_profile  # lazy: tritonclient.grpc
+
+    return triton_profile.validate(args.file)
 
 
 def run_profile(args: argparse.Namespace) -> int:
