@@ -318,11 +318,20 @@ def perf_analyzer():
     return ensure()
 
 
+@pytest.fixture(scope="module")
+def patient_sidecar(fast_build, triton):
+    """A sidecar whose default SLO (2 s) no busy machine misses: perf_analyzer stops at the first refusal, and over
+    HTTP it cannot send an SLO of its own."""
+    with SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path,
+                       extra_args=["--default-slo-ms", "2000"]) as server:
+        yield server
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http", "streaming"])
-def test_perf_analyzer_runs_against_the_sidecar(perf_analyzer, sidecar, protocol):
-    url = sidecar.http_url if protocol == "http" else sidecar.grpc_url
+def test_perf_analyzer_runs_against_the_sidecar(perf_analyzer, patient_sidecar, protocol):
+    url = patient_sidecar.http_url if protocol == "http" else patient_sidecar.grpc_url
     # --request-parameter is gRPC-only in perf_analyzer; over HTTP the model's default SLO applies
-    slo = [] if protocol == "http" else ["--request-parameter", "slo_us:200000:int"]
+    slo = [] if protocol == "http" else ["--request-parameter", "slo_us:2000000:int"]
     flags = ["-i", "http"] if protocol == "http" else ["-i", "grpc", *(["--streaming"] if protocol == "streaming" else [])]
     result = subprocess.run([str(perf_analyzer), "-m", "digits", "-u", url, *flags, *slo,
                              "--concurrency-range", "2", "--measurement-mode", "count_windows",
