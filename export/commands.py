@@ -71,6 +71,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also export N Pareto subnets uniformly spaced in accuracy as static models")
     e.set_defaults(func=run_export)
 
+    a = subparsers.add_parser(
+        "add-model", help="put an ONNX model of your own into the Triton repository (any graph, any names)",
+        description="Writes the model folder Triton loads: model.onnx, and a config whose inputs and outputs are "
+                    "the graph's (names, types, shapes), served by the project's generic ONNX runner on the "
+                    "python backend (python_backend/onnx_model.py), the stand-in for Triton's onnxruntime "
+                    "backend on a CPU-only tritonserver. Then `accscale profile triton` measures it.")
+    a.add_argument("model", type=Path, help="the .onnx file")
+    a.add_argument("--name", help="the Triton model's name (default: the file's stem)")
+    a.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY,
+                   help="the Triton model repository (default: model_repository/)")
+    a.add_argument("--max-batch-size", type=int, default=32,
+                   help="Triton's max_batch_size; every tensor's first dimension is then the batch (0: no "
+                        "batching; default: 32)")
+    a.add_argument("--instances", type=int, default=1, help="model instances (default: 1)")
+    a.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads per instance (default: 1)")
+    a.set_defaults(func=run_add_model)
+
 
 def _register_operator_profiles(what: argparse._SubParsersAction) -> None:
     """``accscale profile triton`` and ``accscale profile validate``: an operator's own models (the supernet
@@ -105,6 +122,8 @@ def _register_operator_profiles(what: argparse._SubParsersAction) -> None:
     t.add_argument("--data", type=Path,
                    help="a .npz of input rows by input name; with an array 'labels', accuracy is measured "
                         "through Triton for the models --accuracy leaves out")
+    t.add_argument("--output", help="the output that gives the class for --data's accuracy: a label per row, or "
+                                    "scores whose argmax is it (default: each model's first output)")
     t.add_argument("--shape", action="append", default=[], metavar="NAME:d1,d2",
                    help="dims (without the batch dimension) of an input whose config leaves some variable")
     t.add_argument("--name", help="the profile's name (default: the output file's stem)")
@@ -178,4 +197,13 @@ def run_export(args: argparse.Namespace) -> int:
     for candidate in calibration.select(static_ids):
         path = export_static(act, candidate, args.repository, instances=args.instances, threads=args.threads)
         print(f"static model: {path} ({candidate.subnet_id}, top-1 {100 * candidate.accuracy:.2f}%)")
+    return 0
+
+
+def run_add_model(args: argparse.Namespace) -> int:
+    from export.repository import write_onnx  # lazy: onnx
+
+    model_dir = write_onnx(args.repository, args.name or args.model.stem, args.model,
+                           max_batch_size=args.max_batch_size, instances=args.instances, threads=args.threads)
+    print(f"model: {model_dir}")
     return 0

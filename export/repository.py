@@ -1,6 +1,6 @@
 """Write models into a Triton model repository (config.pbtxt, the model.py shim, ONNX).
 
-Every model is a python-backend model running onnxruntime (the CPU Triton bundled with
+Every model, the project's and an operator's own (:func:`write_onnx`), is a python-backend model running onnxruntime (the CPU Triton bundled with
 nvidia-pytriton has no onnxruntime backend); on a GPU server the same model picks the CUDA
 execution provider when ``onnxruntime-gpu`` is installed.
 """
@@ -14,11 +14,13 @@ import tempfile
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from export.onnx_writer import save
 from python_backend.control import ControlLayout
 from python_backend.pipeline import MAX_OBJECTS
 from python_backend.runners import MODEL_FILE, SUBNETS_FILE, SubnetTable
+from scheduler_sidecar.errors import ConfigError
 
 SHIM = '''"""Thin shim: the model's logic lives in the accscale package (python_backend)."""
 from python_backend.{module} import TritonPythonModel  # noqa: F401
@@ -143,3 +145,57 @@ instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 parameters {{ key: "models" value {{ string_value: {json.dumps(json.dumps(models))} }} }}
 """
     return _write_model(repository, name, None, config, {"plan.json": json.dumps(plan)}, module="cascade_bls")
+
+
+# ONNX element types and the Triton data types they are served as
+TRITON_TYPES = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.DOUBLE: "TYPE_FP64",
+                onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.INT64: "TYPE_INT64",
+                onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.INT16: "TYPE_INT16",
+                onnx.TensorProto.INT8: "TYPE_INT8", onnx.TensorProto.UINT8: "TYPE_UINT8",
+                onnx.TensorProto.BOOL: "TYPE_BOOL"}
+
+
+def write_onnx(repository: Path, name: str, model_path: Path, *, max_batch_size: int = 32, instances: int = 1,
+               threads: int = 1) -> Path:
+    """An operator's ONNX model as a Triton model served by :mod:`python_backend.onnx_model`: the config's inputs
+    and outputs are the graph's. With ``max_batch_size`` > 0 every tensor's first dimension is the batch; a tensor
+    that is only the batch (a label per row) is served as dims [1], reshaped to none."""
+    try:
+        model = onnx.load(str(model_path))
+    except (OSError, ValueError, DecodeError) as exc:
+        raise ConfigError(f"{model_path}: not an ONNX model ({exc})") from None
+    initializers = {t.name for t in model.graph.initializer}
+    batching = max_batch_size > 0
+
+    def tensor(value: onnx.ValueInfoProto) -> str:
+        kind = value.type.tensor_type.elem_type
+        if kind not in TRITON_TYPES:
+            raise ConfigError(f"{model_path}: {value.name!r} is of ONNX type {onnx.TensorProto.DataType.Name(kind)}, "
+                              f"which this runner does not serve (it serves {', '.join(TRITON_TYPES.values())})")
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1
+                for d in value.type.tensor_type.shape.dim]
+        if batching:
+            if not dims or dims[0] != -1:
+                raise ConfigError(f"{model_path}: {value.name!r} has shape {dims}, whose first dimension is not a "
+                                  "variable batch: export it with a dynamic batch axis, or give --max-batch-size 0")
+            dims = dims[1:]
+        reshape = "" if dims or not batching else " reshape: { shape: [ ] }"
+        return (f'  {{ name: "{value.name}" data_type: {TRITON_TYPES[kind]} dims: [ '
+                f'{", ".join(map(str, dims or [1]))} ]{reshape} }}')
+
+    inputs = ",\n".join(tensor(v) for v in model.graph.input if v.name not in initializers)
+    outputs = ",\n".join(tensor(v) for v in model.graph.output)
+    batcher = "dynamic_batching { max_queue_delay_microseconds: 0 }\n" if batching else ""
+    config = f"""name: "{name}"
+backend: "python"
+max_batch_size: {max_batch_size}
+input [
+{inputs}
+]
+output [
+{outputs}
+]
+{batcher}instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+parameters {{ key: "intra_op_threads" value {{ string_value: "{threads}" }} }}
+"""
+    return _write_model(repository, name, model, config, {}, module="onnx_model")

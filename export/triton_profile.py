@@ -43,6 +43,7 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 REPEATS, WARMUP = 50, 5
 ACCURACY_COLUMNS = ("model", "version", "accuracy", "metric", "dataset")
 LABELS = "labels"  # the array of --data holding each row's class
+ACCURACY_ROWS_UNBATCHED = 1000  # a model without batching is called once per row: the first this many
 
 
 @dataclass(frozen=True)
@@ -229,25 +230,31 @@ def read_accuracies(path: Path) -> dict[tuple[str, str], Accuracy]:
 
 
 def measure_accuracy(client: grpcclient.InferenceServerClient, info: ModelInfo, inputs: Inputs,
-                     labels: np.ndarray, dataset: str) -> Accuracy:
-    """Top-1 through Triton: the argmax of the model's first output on every labelled row of the data."""
+                     labels: np.ndarray, dataset: str, output: str | None = None) -> Accuracy:
+    """Top-1 through Triton on every labelled row of the data: the class is ``output`` (default: the first
+    output) itself where it is one integer per row (a classifier's label), else its argmax (scores)."""
+    output = output or info.outputs[0].name
+    if output not in {t.name for t in info.outputs}:
+        raise ProfileError(f"{info.name}: no output {output!r} (it has {', '.join(t.name for t in info.outputs)})")
     step = max(1, info.max_batch_size)
-    output = info.outputs[0].name
+    rows = len(labels) if info.max_batch_size else min(len(labels), ACCURACY_ROWS_UNBATCHED)
     right = 0
-    for start in range(0, len(labels), step):
-        b = min(step, len(labels) - start)
+    for start in range(0, rows, step):
+        b = min(step, rows - start)
         result = client.infer(info.name, inputs.batch(b, start), model_version=info.version,
-                              outputs=[grpcclient.InferRequestedOutput(output)]).as_numpy(output)
-        scores = result.reshape(b, -1) if info.max_batch_size else result.reshape(1, -1)
-        right += int((scores.argmax(axis=1) == labels[start:start + b]).sum())
-    return Accuracy(right / len(labels), "top-1 measured through Triton", dataset)
+                              outputs=[grpcclient.InferRequestedOutput(output)]).as_numpy(output).reshape(b, -1)
+        classes = result[:, 0] if result.shape[1] == 1 and np.issubdtype(result.dtype, np.integer) \
+            else result.argmax(axis=1)
+        right += int((classes == labels[start:start + b]).sum())
+    return Accuracy(right / rows, "top-1 measured through Triton", dataset)
 
 
 def profile_models(client: grpcclient.InferenceServerClient, models: Sequence[str], *, device_kind: str,
                    batch_sizes: Sequence[int] = BATCH_SIZES, repeats: int = REPEATS, warmup: int = WARMUP,
                    load_repeats: int = 0, accuracies: Mapping[tuple[str, str], Accuracy] | None = None,
                    data: Mapping[str, np.ndarray] | None = None, data_name: str = "",
-                   shapes: Mapping[str, tuple[int, ...]] | None = None, metrics: Callable[[], int | None] = lambda: None,
+                   shapes: Mapping[str, tuple[int, ...]] | None = None, output: str | None = None,
+                   metrics: Callable[[], int | None] = lambda: None,
                    progress: Callable[[str], None] = lambda line: None) -> list[Measured]:
     """Each of ``models`` measured as the module notes say (a name may be ``model:version``)."""
     if not models:
@@ -279,7 +286,7 @@ def profile_models(client: grpcclient.InferenceServerClient, models: Sequence[st
             progress(f"{info.name}: cold load {load_ms:.0f} ms (median of {load_repeats})"
                      + (f", {memory / 2**20:.1f} MiB" if memory is not None else ""))
         given = accuracies.get((info.name, version)) or accuracies.get((info.name, ""))
-        accuracy = given or measure_accuracy(client, info, inputs, np.asarray(labels), data_name)
+        accuracy = given or measure_accuracy(client, info, inputs, np.asarray(labels), data_name, output)
         progress(f"{info.name}: accuracy {100 * accuracy.value:.2f}% ({accuracy.metric}, {accuracy.dataset})")
         measured.append(Measured(info, LatencyCurve(tuple(sizes), tuple(p50), tuple(p99)), accuracy, load_ms, memory))
     return measured
@@ -381,7 +388,8 @@ def run(args) -> int:
     measured = profile_models(client, models, device_kind=args.device_kind, batch_sizes=batch_sizes,
                               repeats=args.repeats, warmup=args.warmup, load_repeats=args.load_repeats,
                               accuracies=accuracies, data=data, data_name=data_name,
-                              shapes=parse_shapes(args.shape), metrics=http_metrics, progress=_stderr)
+                              shapes=parse_shapes(args.shape), output=args.output, metrics=http_metrics,
+                              progress=_stderr)
     version = client.get_server_metadata(as_json=True).get("version", "unknown")
     profile = to_profile(measured, name=args.name or args.out.stem, device_kind=args.device_kind,
                          triton_version=version, url=url, command=shlex.join(["accscale", *args.argv]),
