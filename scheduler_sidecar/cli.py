@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "scheduler_sidecar.experiments.demo",
     "loadtest.commands",
     "scheduler_sidecar.experiments.simulate",
+    "scheduler_sidecar.experiments.advise",
     "scheduler_sidecar.experiments.reproduce",
     "scheduler_sidecar.experiments.superserve.paper_profile",
     "scheduler_sidecar.server.serve",

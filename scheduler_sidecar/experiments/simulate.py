@@ -155,23 +155,30 @@ def _pipeline(args: argparse.Namespace) -> int:
 
 
 def _simulate(args, profile, arrival_us, deadline_us, fail_at) -> dict:
-    cls = policy_class(args.policy)
-    # each flag goes to the policies whose constructors take its option
-    flags = {"device": args.device, "late_queries": args.late_queries or cls.paper_late_queries,
-             "num_buckets": args.num_buckets, "below_buckets": args.below_buckets, "variant_id": args.clipper_subnet,
-             "slo_ms": args.slo_ms, "workers": args.workers, "window_ms": args.load_window_ms,
-             "latency_stat": args.latency_stat, "profile_s": args.ms_profile_s,
-             "policy_dir": args.ramsis_policies, "loads": None if args.ramsis_policies else args.ramsis_loads}
-    accepted = option_names(cls)
-    if "policy_dir" in accepted and not (args.ramsis_policies or args.ramsis_loads):
+    if "policy_dir" in option_names(policy_class(args.policy)) and not (args.ramsis_policies or args.ramsis_loads):
         raise ConfigError(f"--policy {args.policy} needs --ramsis-policies DIR (from `accscale ramsis generate`) or "
                           "--ramsis-loads L1,L2,... (generate the policies now)")
-    policy = make_policy(args.policy, profile, **{k: v for k, v in flags.items() if k in accepted and v is not None})
+    options = {"device": args.device, "late_queries": args.late_queries, "num_buckets": args.num_buckets,
+               "below_buckets": args.below_buckets, "variant_id": args.clipper_subnet, "slo_ms": args.slo_ms,
+               "window_ms": args.load_window_ms, "latency_stat": args.latency_stat, "profile_s": args.ms_profile_s,
+               "policy_dir": args.ramsis_policies, "loads": None if args.ramsis_policies else args.ramsis_loads}
     config = SimConfig(workers=args.workers, seed=args.seed, latency_noise=args.latency_noise, fail_at_s=fail_at)
-    result = Simulator(policy, config, admission=args.admission).run(arrival_us, deadline_us)
+    result = simulated(args.policy, profile, arrival_us, deadline_us, config, admission=args.admission, **options)
     if args.dynamics_csv:
         write_dynamics(result.dynamics(), args.dynamics_csv)
     return result.summary()
+
+
+def simulated(name: str, profile: Profile, arrival_us: np.ndarray, deadline_us: np.ndarray, config: SimConfig, *,
+              admission: bool = False, **options):
+    """Policy ``name`` on ``profile`` over the queries, simulated: each option goes to the policies whose
+    constructors take it (None: the policy's default; late queries: the paper's rule unless given)."""
+    cls = policy_class(name)
+    options = {"workers": config.workers, **options}
+    options["late_queries"] = options.get("late_queries") or cls.paper_late_queries
+    accepted = option_names(cls)
+    policy = make_policy(name, profile, **{k: v for k, v in options.items() if k in accepted and v is not None})
+    return Simulator(policy, config, admission=admission).run(arrival_us, deadline_us)
 
 
 def write_dynamics(dynamics: dict[str, np.ndarray], path: Path) -> None:

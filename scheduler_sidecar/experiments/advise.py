@@ -1,0 +1,193 @@
+"""``accscale advise``: which system serves this profile and this traffic best, decided by simulating them all.
+
+Every online policy of the five systems that takes the profile runs over the trace in the simulator (the engine
+the sidecar runs live), with the same workers and SLO, once per ``--seeds`` seed of the latency noise (each
+batch's latency drawn between the profile's p50 and p99): SlackFit and its baselines (MaxAcc, MaxBatch, Clipper+,
+INFaaS), and RAMSIS with its MDP policies generated now for the trace's loads, Jellyfish+ and ModelSwitching. The
+policies that route for a planner (Proteus's MILP, Loki's pipeline, HybridServe's cascade) are listed as not
+simulated here, and a policy that refuses the profile is listed with its reason. The rest are ranked by mean SLO
+attainment, then mean accuracy; each figure's spread over the seeds is its min..max, and a system whose
+attainment spread overlaps the one above's is marked tied.
+
+Written to ``--out``: ``advise.csv``, ``summary.md``, ``attainment.png`` and ``advised.toml``, the winner's sidecar
+config, ready for ``accscale serve --config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from loadtest.traces import Trace
+from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.errors import ConfigError
+from scheduler_sidecar.experiments.simulate import load_queries, simulated
+from scheduler_sidecar.sim.results import markdown_table, write_rows
+from scheduler_sidecar.sim.simulator import SimConfig
+from scheduler_sidecar.systems import option_names, policy_class, systems
+
+SEEDS = 3
+RAMSIS_LOAD_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)  # of the trace's per-second rate: the loads RAMSIS plans for
+FIRST_GRPC_PORT, PORT_STEP = 8001, 10  # where advised.toml expects the Tritons: `accscale triton --grpc-port`
+
+
+@dataclass(frozen=True)
+class Ranked:
+    system: str
+    policy: str
+    attainment: tuple[float, ...]  # one per seed
+    accuracy: tuple[float, ...]
+    options: dict  # what the policy was built with beyond the profile
+
+    @property
+    def mean_attainment(self) -> float:
+        return float(np.mean(self.attainment))
+
+    @property
+    def mean_accuracy(self) -> float:
+        return float(np.mean(self.accuracy))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("advise", help="simulate every system on your profile and traffic; the best one's "
+                                             "sidecar config", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", type=Path, required=True, help="the family's profile (e.g. `accscale profile triton`)")
+    p.add_argument("--trace", type=Path, required=True,
+                   help="arrivals, one 'arrival_s[,slo_ms[,payload]]' per line (`accscale trace gen` writes one)")
+    p.add_argument("--slo-ms", type=float, required=True, help="the SLO of trace lines without one")
+    p.add_argument("--workers", type=int, default=1, help="Triton workers, one model at a time each (default: 1)")
+    p.add_argument("--device", help="the profile's device kind to plan on (default: its first)")
+    p.add_argument("--seeds", type=int, default=SEEDS, help=f"seeds of the latency noise per system (default: {SEEDS})")
+    p.add_argument("--policies", help="comma-separated policies to compare (default: every one that takes the profile)")
+    p.add_argument("--out", type=Path, required=True, help="where the table, report and config go")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the ranking and the config's path")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.seeds < 1 or args.workers < 1:
+        raise ConfigError("--seeds and --workers must be >= 1")
+    profile = Profile.load(args.profile)
+    arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
+    if not len(arrival_us):
+        raise ConfigError(f"{args.trace}: no arrivals")
+    names = args.policies.split(",") if args.policies else [p.name for s in systems() for p in s.policies]
+    owner = {p.name: s.name for s in systems() for p in s.policies}
+    loads = ramsis_loads(Trace.load(args.trace))
+    ranked, refused = [], {}
+    planned = {s.planner.policy: s.name for s in systems() if s.planner is not None}
+    for name in names:
+        cls = policy_class(name)
+        if name in planned:
+            refused[name] = (f"routes for {planned[name]}'s planner, which advise does not simulate yet "
+                             f"(`accscale reproduce {planned[name]}` compares it on its paper's terms)")
+            continue
+        options = {"device": args.device, "slo_ms": args.slo_ms, "workers": args.workers, "loads": loads}
+        accepted = option_names(cls)
+        options = {k: v for k, v in options.items() if k in accepted and v is not None}
+        attainment, accuracy = [], []
+        try:
+            for seed in range(args.seeds):
+                _progress(f"{name}: seed {seed + 1} of {args.seeds}"
+                          + (" (generating its MDP policies)" if seed == 0 and "loads" in options else ""))
+                config = SimConfig(workers=args.workers, seed=seed, latency_noise="tail")
+                summary = simulated(name, profile, arrival_us, deadline_us, config, **options).summary()
+                attainment.append(summary["slo_attainment"])
+                accuracy.append(summary["mean_serving_accuracy"])
+        except ConfigError as exc:
+            refused[name] = str(exc)
+            _progress(f"{name}: does not take this profile ({exc})")
+            continue
+        ranked.append(Ranked(owner[name], name, tuple(attainment), tuple(accuracy),
+                             {k: v for k, v in options.items() if k != "device"}))
+    if not ranked:
+        raise ConfigError(f"no policy takes {args.profile}: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
+    ranked.sort(key=lambda r: (-r.mean_attainment, -r.mean_accuracy))
+    args.out.mkdir(parents=True, exist_ok=True)
+    config_path = args.out / "advised.toml"
+    config_path.write_text(sidecar_config(ranked[0], args.profile, profile, args))
+    rows = table(ranked)
+    write_rows(rows, args.out / "advise.csv")
+    _plot(args.out / "attainment.png", ranked)
+    (args.out / "summary.md").write_text(_summary(rows, refused, args, len(arrival_us), config_path))
+    if args.json:
+        print(json.dumps({"ranking": rows, "not_applicable": refused, "config": str(config_path)}))
+    else:
+        print(markdown_table(rows, list(rows[0])))
+        print(f"\nadvised: {ranked[0].policy} ({ranked[0].system}); its sidecar config: {config_path}")
+    return 0
+
+
+def ramsis_loads(trace: Trace) -> list[float]:
+    """Loads (q/s) for RAMSIS's MDP policies: quantiles of the trace's rate per second, at least 1 q/s."""
+    seconds = np.bincount(np.floor(trace.arrival_s).astype(np.int64))
+    return sorted({max(1.0, round(float(np.quantile(seconds, q)), 1)) for q in RAMSIS_LOAD_QUANTILES})
+
+
+def table(ranked: list[Ranked]) -> list[dict]:
+    """One row per system, best first; ``tied``: its attainment's min..max overlaps the one above's."""
+    rows = []
+    for i, r in enumerate(ranked):
+        above = ranked[i - 1] if i else None
+        tied = above is not None and max(r.attainment) >= min(above.attainment)
+        rows.append({"rank": i + 1, "system": r.system, "policy": r.policy,
+                     "slo_attainment": round(r.mean_attainment, 4),
+                     "attainment_min": round(min(r.attainment), 4), "attainment_max": round(max(r.attainment), 4),
+                     "accuracy": round(r.mean_accuracy, 4), "tied_with_above": tied, "seeds": len(r.attainment)})
+    return rows
+
+
+def sidecar_config(best: Ranked, profile_path: Path, profile: Profile, args: argparse.Namespace) -> str:
+    """The winner behind the sidecar: its policy and the options it was simulated with, the workers on the ports
+    `accscale triton --grpc-port` would give them."""
+    workers = ", ".join(f'"127.0.0.1:{FIRST_GRPC_PORT + PORT_STEP * k}"' for k in range(args.workers))
+    options = "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(best.options.items())
+                      if k not in ("slo_ms", "workers"))
+    return (f"# advised by `accscale advise` for {args.trace} at an SLO of {args.slo_ms:g} ms on {args.workers} "
+            f"worker(s):\n# {best.policy} ({best.system}), SLO attainment {best.mean_attainment:.4f}, accuracy "
+            f"{best.mean_accuracy:.4f} simulated. Start the Tritons, then: accscale serve --config <this file>\n"
+            f"workers = [{workers}]  # Triton gRPC endpoints\n\n"
+            f"[[models]]\nname = {json.dumps(profile.name)}\nprofile = {json.dumps(str(profile_path.absolute()))}\n"
+            f"policy = {json.dumps(best.policy)}\ndefault_slo_us = {round(args.slo_ms * 1000)}\n"
+            + (f"[models.policy_options]\n{options}" if options else ""))
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _plot(path: Path, ranked: list[Ranked]) -> None:
+    import matplotlib  # lazy: matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: matplotlib
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    means = [r.mean_attainment for r in ranked]
+    spread = [[m - min(r.attainment) for m, r in zip(means, ranked)],
+              [max(r.attainment) - m for m, r in zip(means, ranked)]]
+    ax.bar([r.policy for r in ranked], means, yerr=spread, capsize=3, color="tab:blue")
+    ax.set_ylabel("SLO attainment (simulated)")
+    ax.set_ylim(0, 1.02)
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _summary(rows: list[dict], refused: dict[str, str], args: argparse.Namespace, queries: int,
+             config_path: Path) -> str:
+    lines = [f"# accscale advise: {args.profile.name} on {args.trace.name}", "",
+             f"{queries} queries, SLO {args.slo_ms:g} ms, {args.workers} worker(s), {args.seeds} seed(s) of the "
+             "latency noise per system; ranked by mean SLO attainment, then mean accuracy.", "",
+             markdown_table(rows, list(rows[0])), "", "![attainment](attainment.png)", "",
+             f"Advised: **{rows[0]['policy']}** ({rows[0]['system']}); its sidecar config: `{config_path.name}`."]
+    if refused:
+        lines += ["", "Not applicable to this profile:", ""] + [f"- {k}: {v}" for k, v in refused.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,60 @@
+"""`accscale advise`: every system that takes an operator's profile, simulated on their trace and ranked; the
+winner's sidecar config loads as the sidecar reads it."""
+
+from __future__ import annotations
+
+import json
+
+from loadtest.traces import gamma
+from scheduler_sidecar.cli import main
+from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.server import config
+
+SIZES = (1, 2, 4, 8, 16)
+
+
+def _family(path) -> None:
+    """Three separate Triton models of one task, as `accscale profile triton` writes them."""
+    variants = []
+    for name, accuracy, ms in (("small", 0.70, 2.0), ("medium", 0.76, 5.0), ("large", 0.80, 12.0)):
+        p50 = tuple(ms * (1 + 0.3 * (b - 1)) for b in SIZES)
+        variants.append(Variant(name, accuracy, Actuation("model", name), {"gpu": LatencyCurve(SIZES, p50, tuple(
+            1.2 * x for x in p50))}, load_ms=800.0))
+    Profile("mine", "by hand", tuple(variants)).save(path)
+
+
+def test_advise_ranks_the_systems_that_take_the_profile_and_writes_the_winners_config(tmp_path, capsys):
+    profile, trace, out = tmp_path / "mine.json", tmp_path / "bursty.txt", tmp_path / "advice"
+    _family(profile)
+    gamma(250.0, 4.0, 20.0, seed=3).save(trace)
+    assert main(["advise", "--profile", str(profile), "--trace", str(trace), "--slo-ms", "60", "--workers", "2",
+                 "--seeds", "2", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ranking = result["ranking"]
+    policies = [r["policy"] for r in ranking]
+    assert {"slackfit", "maxacc", "maxbatch", "clipper", "infaas", "ramsis", "jellyfish", "modelswitching"} == set(policies)
+    # the policies that route for a planner are named, not ranked without it
+    assert set(result["not_applicable"]) == {"proteus", "loki", "cascade"}
+    keys = [(-r["slo_attainment"], -r["accuracy"]) for r in ranking]
+    assert keys == sorted(keys) and [r["rank"] for r in ranking] == list(range(1, len(ranking) + 1))
+    for r in ranking:
+        assert r["seeds"] == 2 and r["attainment_min"] <= r["slo_attainment"] <= r["attainment_max"]
+    # the systems differ on this trace: the ranking is not a tie of everything
+    assert ranking[0]["slo_attainment"] > ranking[-1]["slo_attainment"]
+    # the figures are the simulator's: the winner alone through `accscale simulate`, seed by seed
+    best = ranking[0]["policy"]
+    seeds = []
+    for seed in (0, 1):
+        ramsis = ["--ramsis-loads", _loads(out / "advised.toml")] if best == "ramsis" else []
+        assert main(["simulate", "--policy", best, "--profile", str(profile), "--trace", str(trace), "--slo-ms",
+                     "60", "--workers", "2", "--latency-noise", "tail", "--seed", str(seed), *ramsis, "--json"]) == 0
+        seeds.append(json.loads(capsys.readouterr().out)["slo_attainment"])
+    assert ranking[0]["attainment_min"] == round(min(seeds), 4) and ranking[0]["attainment_max"] == round(max(seeds), 4)
+    advised = config.load(out / "advised.toml")
+    assert [(m.name, m.policy) for m in advised.models] == [("mine", best)] and len(advised.workers) == 2
+    assert (out / "attainment.png").stat().st_size > 0 and "Advised: **" in (out / "summary.md").read_text()
+
+
+def _loads(path) -> str:
+    line = next(x for x in path.read_text().splitlines() if x.startswith("loads = "))
+    return ",".join(str(v) for v in json.loads(line.removeprefix("loads = ")))
