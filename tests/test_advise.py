@@ -9,6 +9,7 @@ from loadtest.traces import gamma
 from scheduler_sidecar.cli import main
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.server import config
+from scheduler_sidecar.server.service import model_policy
 
 SIZES = (1, 2, 4, 8, 16)
 
@@ -52,6 +53,7 @@ def test_advise_ranks_the_systems_that_take_the_profile_and_writes_the_winners_c
     assert ranking[0]["attainment_min"] == round(min(seeds), 4) and ranking[0]["attainment_max"] == round(max(seeds), 4)
     advised = config.load(out / "advised.toml")
     assert [(m.name, m.policy) for m in advised.models] == [("mine", best)] and len(advised.workers) == 2
+    assert model_policy(advised.models[0], Profile.load(profile)).name == best  # the sidecar builds it as simulated
     assert (out / "attainment.png").stat().st_size > 0 and "Advised: **" in (out / "summary.md").read_text()
 
 

@@ -144,11 +144,11 @@ def table(ranked: list[Ranked]) -> list[dict]:
 
 
 def sidecar_config(best: Ranked, profile_path: Path, profile: Profile, args: argparse.Namespace) -> str:
-    """The winner behind the sidecar: its policy and the options it was simulated with, the workers on the ports
-    `accscale triton --grpc-port` would give them."""
+    """The winner behind the sidecar: its policy built with the options it was simulated with (RAMSIS's MDP
+    policies are generated again from them when the sidecar starts), the workers on the ports `accscale triton
+    --grpc-port` would give them."""
     workers = ", ".join(f'"127.0.0.1:{FIRST_GRPC_PORT + PORT_STEP * k}"' for k in range(args.workers))
-    options = "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(best.options.items())
-                      if k not in ("slo_ms", "workers"))
+    options = "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(best.options.items()))
     return (f"# advised by `accscale advise` for {args.trace} at an SLO of {args.slo_ms:g} ms on {args.workers} "
             f"worker(s):\n# {best.policy} ({best.system}), SLO attainment {best.mean_attainment:.4f}, accuracy "
             f"{best.mean_accuracy:.4f} simulated. Start the Tritons, then: accscale serve --config <this file>\n"
