@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.errors import ProfileError
@@ -147,8 +147,7 @@ class Inputs:
                 value = self._random(t, (b, *self.dims[t.name]))
             if not self.info.max_batch_size:
                 value = value[0]
-            tensor = grpcclient.InferInput(t.name, list(value.shape), np_to_triton_dtype(value.dtype) if
-                                           t.datatype != "BYTES" else "BYTES")
+            tensor = grpcclient.InferInput(t.name, list(value.shape), t.datatype)  # value has its type
             tensor.set_data_from_numpy(value)
             out.append(tensor)
         return out
@@ -249,7 +248,7 @@ def measure_accuracy(client: grpcclient.InferenceServerClient, info: ModelInfo, 
     return Accuracy(right / rows, "top-1 measured through Triton", dataset)
 
 
-def profile_models(client: grpcclient.InferenceServerClient, models: Sequence[str], *, device_kind: str,
+def profile_models(client: grpcclient.InferenceServerClient, models: Sequence[str], *,
                    batch_sizes: Sequence[int] = BATCH_SIZES, repeats: int = REPEATS, warmup: int = WARMUP,
                    load_repeats: int = 0, accuracies: Mapping[tuple[str, str], Accuracy] | None = None,
                    data: Mapping[str, np.ndarray] | None = None, data_name: str = "",
@@ -385,7 +384,7 @@ def run(args) -> int:
     except InferenceServerException as exc:
         raise ProfileError(f"no Triton answers at {url} ({exc.message()})") from None
     http_metrics = _metrics_reader(args.metrics_url)
-    measured = profile_models(client, models, device_kind=args.device_kind, batch_sizes=batch_sizes,
+    measured = profile_models(client, models, batch_sizes=batch_sizes,
                               repeats=args.repeats, warmup=args.warmup, load_repeats=args.load_repeats,
                               accuracies=accuracies, data=data, data_name=data_name,
                               shapes=parse_shapes(args.shape), output=args.output, metrics=http_metrics,

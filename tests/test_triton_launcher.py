@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
+from scheduler_sidecar.processes import triton_launcher
 from scheduler_sidecar.processes.triton_launcher import TritonServer, TritonStartError, find_tritonserver
 
 pytestmark = pytest.mark.triton
@@ -137,6 +139,21 @@ def test_broken_model_fails_start_with_triton_log(tmp_path: Path) -> None:
     with pytest.raises(TritonStartError, match="add_one is deliberately broken"):
         server.start()
     assert server.pid is None
+
+
+def test_a_start_killed_by_a_signal_is_tried_once_more(repository: Path, tmp_path: Path, monkeypatch) -> None:
+    """A server that a signal ends while it loads (a stub losing its lock race on a busy machine) is started once
+    more; the log keeps the abort."""
+    real = find_tritonserver()
+    marker, script = tmp_path / "aborted-once", tmp_path / "tritonserver"
+    script.write_text(f'#!/bin/sh\nif [ ! -e "{marker}" ]; then touch "{marker}"; echo "aborting once"; kill -ABRT $$; fi\n'
+                      f'exec "{real.binary}" "$@"\n')
+    script.chmod(0o755)
+    monkeypatch.setattr(triton_launcher, "find_tritonserver", lambda *a, **k: dataclasses.replace(real, binary=script))
+    with TritonServer(repository=repository, log_path=tmp_path / "t.log") as server:
+        x = np.ones((1, 4), dtype=np.float32)
+        np.testing.assert_array_equal(infer_add_one(server.http_url, x), x + 1)
+    assert marker.exists() and "aborting once" in (tmp_path / "t.log").read_text()
 
 
 def test_two_servers_run_at_once(repository: Path, tmp_path: Path) -> None:

@@ -76,6 +76,13 @@ class TritonInstall:
     env: dict[str, str] = field(repr=False)  # the complete environment to run `binary` with
 
 
+# A python-backend stub that cannot take a timed shared-memory lock while the server loads it (a machine too busy
+# to schedule it in time) aborts the whole server (boost::interprocess::lock_exception, a known Triton race). A
+# start that a signal ends before the server is ready is tried once more; an exit with a status (a broken model)
+# is not.
+START_ATTEMPTS = 2
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on `host` a moment ago (another process may still take it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -266,23 +273,34 @@ class TritonServer:
             self._repository,
             self._log_path,
         )
-        with open(self._log_path, "wb") as log_file:
-            # Its own session: a Ctrl-C in our terminal does not reach it (stop() decides), and one
-            # signal to the group reaches the server and the stubs it forks.
-            self._proc = subprocess.Popen(
-                die_with_parent.wrap(self._command(install)),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env={**install.env, SLOWDOWN_ENV: repr(self._slowdown)},
-                start_new_session=True,
-            )
-        self._returncode = None
-        try:
-            self._wait_ready(self._proc)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, START_ATTEMPTS + 1):
+            # a retry appends to the log: the abort it follows stays readable
+            with open(self._log_path, "wb" if attempt == 1 else "ab") as log_file:
+                # Its own session: a Ctrl-C in our terminal does not reach it (stop() decides), and one
+                # signal to the group reaches the server and the stubs it forks.
+                self._proc = subprocess.Popen(
+                    die_with_parent.wrap(self._command(install)),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env={**install.env, SLOWDOWN_ENV: repr(self._slowdown)},
+                    start_new_session=True,
+                )
+            self._returncode = None
+            try:
+                self._wait_ready(self._proc)
+            except TritonStartError:
+                aborted = self._proc.poll() is not None and self._proc.returncode < 0
+                self.stop()
+                if not aborted or attempt == START_ATTEMPTS:
+                    raise
+                log.warning("tritonserver was killed by signal %d while loading its models; starting it again "
+                            "(log %s)", -self._returncode, self._log_path)
+                continue
+            except BaseException:
+                self.stop()
+                raise
+            break
         log.info("tritonserver ready at %s (pid %d)", self.http_url, self._proc.pid)
 
     def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
