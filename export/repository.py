@@ -32,15 +32,23 @@ def static_model_name(supernet_name: str, subnet_id: str) -> str:
     return f"{supernet_name}__{re.sub(r'[^A-Za-z0-9]+', '_', subnet_id)}"
 
 
-def _config(name: str, inputs: list[tuple[str, str, list[int]]], output_dims: list[int], params: dict[str, str],
-            max_batch_size: int, instances: int) -> str:
+Tensor = tuple[str, str, list[int]]  # (name, Triton data type, dims without the batch dimension)
+
+
+def _config(name: str, inputs: list[Tensor], outputs: list[Tensor], params: dict[str, str], max_batch_size: int,
+            instances: int) -> str:
     def tensor(n: str, dtype: str, dims: list[int]) -> str:
-        return f'  {{ name: "{n}" data_type: {dtype} dims: [ {", ".join(map(str, dims))} ] }}'
+        # a tensor that is only the batch (a label per row) is served as dims [1], reshaped to none
+        reshape = "" if dims else " reshape: { shape: [ ] }"
+        return f'  {{ name: "{n}" data_type: {dtype} dims: [ {", ".join(map(str, dims or [1]))} ]{reshape} }}'
 
     input_text = ",\n".join(tensor(*i) for i in inputs)
+    output_text = ",\n".join(tensor(*o) for o in outputs)
     parameters = "\n".join(
         f'parameters {{ key: "{k}" value {{ string_value: {json.dumps(v)} }} }}' for k, v in params.items()
     )
+    # merge whatever is queued, never wait: the sidecar forms the batches it wants
+    batcher = "dynamic_batching { max_queue_delay_microseconds: 0 }\n" if max_batch_size > 0 else ""
     return f"""name: "{name}"
 backend: "python"
 max_batch_size: {max_batch_size}
@@ -48,11 +56,9 @@ input [
 {input_text}
 ]
 output [
-{tensor("LOGITS", "TYPE_FP32", output_dims)}
+{output_text}
 ]
-# merge whatever is queued, never wait: the sidecar forms the batches it wants
-dynamic_batching {{ max_queue_delay_microseconds: 0 }}
-instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+{batcher}instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
 {parameters}
 """
 
@@ -82,7 +88,7 @@ def write_supernet(repository: Path, name: str, model: onnx.ModelProto, table: S
     config = _config(
         name,
         [("INPUT", "TYPE_FP32", [1, image_size, image_size]), ("CONTROL", "TYPE_INT32", [layout.num_fields])],
-        [num_classes],
+        [("LOGITS", "TYPE_FP32", [num_classes])],
         {"runner": "supernet", "intra_op_threads": str(threads), "control_layout": layout.to_json()},
         max_batch_size, instances,
     )
@@ -102,7 +108,8 @@ def write_model(repository: Path, name: str, model: onnx.ModelProto | None, inpu
     """A python-backend model with one FP32 ``INPUT`` of ``input_dims`` and ``LOGITS`` of ``output`` (the number of
     classes, or the dims), neither with the batch dimension."""
     dims = [output] if isinstance(output, int) else list(output)
-    config = _config(name, [("INPUT", "TYPE_FP32", list(input_dims))], dims, params, max_batch_size, instances)
+    config = _config(name, [("INPUT", "TYPE_FP32", list(input_dims))], [("LOGITS", "TYPE_FP32", dims)], params,
+                     max_batch_size, instances)
     return _write_model(repository, name, model, config, {})
 
 
@@ -167,7 +174,7 @@ def write_onnx(repository: Path, name: str, model_path: Path, *, max_batch_size:
     initializers = {t.name for t in model.graph.initializer}
     batching = max_batch_size > 0
 
-    def tensor(value: onnx.ValueInfoProto) -> str:
+    def tensor(value: onnx.ValueInfoProto) -> Tensor:
         kind = value.type.tensor_type.elem_type
         if kind not in TRITON_TYPES:
             raise ConfigError(f"{model_path}: {value.name!r} is of ONNX type {onnx.TensorProto.DataType.Name(kind)}, "
@@ -179,23 +186,9 @@ def write_onnx(repository: Path, name: str, model_path: Path, *, max_batch_size:
                 raise ConfigError(f"{model_path}: {value.name!r} has shape {dims}, whose first dimension is not a "
                                   "variable batch: export it with a dynamic batch axis, or give --max-batch-size 0")
             dims = dims[1:]
-        reshape = "" if dims or not batching else " reshape: { shape: [ ] }"
-        return (f'  {{ name: "{value.name}" data_type: {TRITON_TYPES[kind]} dims: [ '
-                f'{", ".join(map(str, dims or [1]))} ]{reshape} }}')
+        return value.name, TRITON_TYPES[kind], dims
 
-    inputs = ",\n".join(tensor(v) for v in model.graph.input if v.name not in initializers)
-    outputs = ",\n".join(tensor(v) for v in model.graph.output)
-    batcher = "dynamic_batching { max_queue_delay_microseconds: 0 }\n" if batching else ""
-    config = f"""name: "{name}"
-backend: "python"
-max_batch_size: {max_batch_size}
-input [
-{inputs}
-]
-output [
-{outputs}
-]
-{batcher}instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
-parameters {{ key: "intra_op_threads" value {{ string_value: "{threads}" }} }}
-"""
+    config = _config(name, [tensor(v) for v in model.graph.input if v.name not in initializers],
+                     [tensor(v) for v in model.graph.output], {"intra_op_threads": str(threads)}, max_batch_size,
+                     instances)
     return _write_model(repository, name, model, config, {}, module="onnx_model")

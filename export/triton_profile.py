@@ -22,7 +22,6 @@ Model Analyzer's config keys are read where they mean the same (``profile_models
 from __future__ import annotations
 
 import csv
-import re
 import shlex
 import statistics
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
@@ -196,12 +196,10 @@ def measure_load(client: grpcclient.InferenceServerClient, metrics: Callable[[],
     return statistics.median(times), (int(statistics.median(added)) if added else None)
 
 
-GPU_MEMORY = re.compile(r"^nv_gpu_memory_used_bytes\{[^}]*\}\s+([0-9.e+]+)$", re.M)
-
-
 def gpu_memory_used(metrics_text: str) -> int | None:
     """The GPU memory Triton's metrics report in use, summed over GPUs; None where it reports none (CPU)."""
-    values = [float(v) for v in GPU_MEMORY.findall(metrics_text)]
+    values = [sample.value for family in text_string_to_metric_families(metrics_text)
+              if family.name == "nv_gpu_memory_used_bytes" for sample in family.samples]
     return int(sum(values)) if values else None
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.traces import Trace
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.simulate import load_queries, simulated
@@ -77,11 +76,12 @@ def run(args: argparse.Namespace) -> int:
     arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
     if not len(arrival_us):
         raise ConfigError(f"{args.trace}: no arrivals")
-    names = args.policies.split(",") if args.policies else [p.name for s in systems() for p in s.policies]
-    owner = {p.name: s.name for s in systems() for p in s.policies}
-    loads = ramsis_loads(Trace.load(args.trace))
+    registry = systems()
+    owner = {p.name: s.name for s in registry for p in s.policies}
+    planned = {s.planner.policy: s.name for s in registry if s.planner is not None}
+    names = args.policies.split(",") if args.policies else list(owner)
+    loads = ramsis_loads(arrival_us)
     ranked, refused = [], {}
-    planned = {s.planner.policy: s.name for s in systems() if s.planner is not None}
     for name in names:
         cls = policy_class(name)
         if name in planned:
@@ -124,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def ramsis_loads(trace: Trace) -> list[float]:
+def ramsis_loads(arrival_us: np.ndarray) -> list[float]:
     """Loads (q/s) for RAMSIS's MDP policies: quantiles of the trace's rate per second, at least 1 q/s."""
-    seconds = np.bincount(np.floor(trace.arrival_s).astype(np.int64))
+    seconds = np.bincount(arrival_us // 1_000_000)
     return sorted({max(1.0, round(float(np.quantile(seconds, q)), 1)) for q in RAMSIS_LOAD_QUANTILES})
 
 
