@@ -51,6 +51,14 @@ def _options(parser) -> None:
     parser.add_argument("--progress-s", type=float, default=5.0, help="seconds between progress lines (0: none)")
 
 
+def _answer_output(outputs: list[dict]) -> str:
+    """The output a request's answer is read from: ``LABEL`` (a cascade's, HybridServe's BLS) or ``LOGITS`` (the
+    project's classifiers) where the model has one, else its first (an operator's model: scikit-learn's ONNX
+    classifiers answer ``label`` first, then ``probabilities``)."""
+    names = [o["name"] for o in outputs]
+    return next((n for n in ("LABEL", "LOGITS") if n in names), names[0])
+
+
 @dataclass
 class Stream:
     """One model's part of the replay."""
@@ -60,6 +68,7 @@ class Stream:
     images: np.ndarray
     labels: np.ndarray
     input: dict  # the model's input tensor, as its metadata names it
+    output: str  # the output that holds its answer (see ``_answer_output``)
     log: RequestLog
 
 
@@ -79,8 +88,10 @@ class TraceReplay(User):
             trace = Trace.load(trace_path)
             slo_ms = np.where(np.isnan(trace.slo_ms), options.slo_ms, trace.slo_ms)
             log = RequestLog([Entry(i, float(t), float(s)) for i, (t, s) in enumerate(zip(trace.arrival_s, slo_ms))])
-            (tensor,) = self.client.get_model_metadata(model, as_json=True)["inputs"]
-            self.streams.append(Stream(model, trace, payloads["images"], payloads["labels"], tensor, log))
+            metadata = self.client.get_model_metadata(model, as_json=True)
+            (tensor,) = metadata["inputs"]
+            self.streams.append(Stream(model, trace, payloads["images"], payloads["labels"], tensor,
+                                       _answer_output(metadata["outputs"]), log))
 
     def on_stop(self) -> None:
         self.client.close()  # an open channel keeps the Locust process from exiting
@@ -134,10 +145,8 @@ class TraceReplay(User):
         entry.queue_ms = params["queue_us"].int64_param / 1e3 if "queue_us" in params else float("nan")
         entry.service_ms = params["service_us"].int64_param / 1e3 if "service_us" in params else float("nan")
         entry.worker = params["worker"].string_param if "worker" in params else ""
-        # a classifier answers LOGITS; a cascade (HybridServe's BLS) its LABEL
-        label = result.as_numpy("LABEL")
-        answer = int(label.flat[0]) if label is not None else int(result.as_numpy("LOGITS").argmax())
-        entry.correct = float(answer == int(stream.labels[k]))
+        answer = result.as_numpy(stream.output)  # a label (one value), or a score per class
+        entry.correct = float(int(answer.flat[0] if answer.size == 1 else answer.argmax()) == int(stream.labels[k]))
         self._fire(stream, entry, sent, None)
 
     def _fire(self, stream: Stream, entry: Entry, sent: float, exception: Exception | None) -> None:

@@ -60,3 +60,17 @@ def test_advise_ranks_the_systems_that_take_the_profile_and_writes_the_winners_c
 def _loads(path) -> str:
     line = next(x for x in path.read_text().splitlines() if x.startswith("loads = "))
     return ",".join(str(v) for v in json.loads(line.removeprefix("loads = ")))
+
+
+def test_advise_refuses_a_replay_it_cannot_run(tmp_path, capsys):
+    profile, trace = tmp_path / "mine.json", tmp_path / "t.txt"
+    _family(profile)
+    gamma(50.0, 1.0, 1.0, seed=0).save(trace)
+    common = ["advise", "--profile", str(profile), "--trace", str(trace), "--slo-ms", "60", "--out", str(tmp_path)]
+    assert main([*common, "--replay", "1"]) == 2
+    assert "--replay sends rows of --data" in capsys.readouterr().err
+    assert main([*common, "--workers", "2", "--triton", "127.0.0.1:1"]) == 2
+    assert "--workers is 2 but --triton names 1" in capsys.readouterr().err
+    (tmp_path / "rows.npz").write_bytes(b"junk")
+    assert main([*common, "--replay", "1", "--data", str(tmp_path / "rows.npz"), "--triton", "127.0.0.1:1"]) == 2
+    assert "rows.npz: not an .npz" in capsys.readouterr().err

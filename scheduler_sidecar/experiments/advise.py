@@ -2,7 +2,9 @@
 
 Every online policy of the five systems that takes the profile runs over the trace in the simulator (the engine
 the sidecar runs live), with the same workers and SLO, once per ``--seeds`` seed of the latency noise (each
-batch's latency drawn between the profile's p50 and p99): SlackFit and its baselines (MaxAcc, MaxBatch, Clipper+,
+batch's latency drawn between the profile's p50 and p99), as the sidecar would serve it: with admission, late
+queries dropped, and a query met when it ends ``--overhead-ms`` before its deadline (the time a client's request
+spends outside the sidecar's view: what the client sees). SlackFit and its baselines (MaxAcc, MaxBatch, Clipper+,
 INFaaS), and RAMSIS with its MDP policies generated now for the trace's loads, Jellyfish+ and ModelSwitching. The
 policies that route for a planner (Proteus's MILP, Loki's pipeline, HybridServe's cascade) are listed as not
 simulated here, and a policy that refuses the profile is listed with its reason. The rest are ranked by mean SLO
@@ -11,6 +13,11 @@ attainment spread overlaps the one above's is marked tied.
 
 Written to ``--out``: ``advise.csv``, ``summary.md``, ``attainment.png`` and ``advised.toml``, the winner's sidecar
 config, ready for ``accscale serve --config``.
+
+``--replay N`` then checks the prediction live: the top N systems in turn (the winner, the runner-up, ...) are
+served by a sidecar on their config in front of the ``--triton`` workers, and the trace is replayed through it
+with Locust, sending ``--data``'s rows. The table gets each one's SLO attainment and accuracy at the client
+beside the simulated ones, and ``live/<policy>/`` keeps each replay's request log.
 """
 
 from __future__ import annotations
@@ -18,19 +25,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from loadtest.loadtest_cli import Replay, replay, save_payloads
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.simulate import load_queries, simulated
+from scheduler_sidecar.processes.sidecar import SidecarServer
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.sim.simulator import SimConfig
 from scheduler_sidecar.systems import option_names, policy_class, systems
 
 SEEDS = 3
+OVERHEAD_MS = 0.3  # the sidecar's default overhead_us
 RAMSIS_LOAD_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)  # of the trace's per-second rate: the loads RAMSIS plans for
 FIRST_GRPC_PORT, PORT_STEP = 8001, 10  # where advised.toml expects the Tritons: `accscale triton --grpc-port`
 
@@ -42,6 +52,7 @@ class Ranked:
     attainment: tuple[float, ...]  # one per seed
     accuracy: tuple[float, ...]
     options: dict  # what the policy was built with beyond the profile
+    live: dict | None = None  # its replay's summary at the client (``--replay``)
 
     @property
     def mean_attainment(self) -> float:
@@ -62,20 +73,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ms", type=float, required=True, help="the SLO of trace lines without one")
     p.add_argument("--workers", type=int, default=1, help="Triton workers, one model at a time each (default: 1)")
     p.add_argument("--device", help="the profile's device kind to plan on (default: its first)")
+    p.add_argument("--overhead-ms", type=float, default=OVERHEAD_MS,
+                   help="time per request outside the sidecar's view (client, network), taken off every deadline in "
+                        f"the simulation and given to the sidecar as overhead_us (default: {OVERHEAD_MS:g}, the "
+                        "sidecar's; a replay measures it: live_unseen_p90_ms)")
     p.add_argument("--seeds", type=int, default=SEEDS, help=f"seeds of the latency noise per system (default: {SEEDS})")
     p.add_argument("--policies", help="comma-separated policies to compare (default: every one that takes the profile)")
+    p.add_argument("--triton", action="append", metavar="HOST:PORT",
+                   help="a Triton worker's gRPC endpoint, once per worker, for the configs and --replay (default: "
+                        f"127.0.0.1:{FIRST_GRPC_PORT}, then every {PORT_STEP} ports)")
+    p.add_argument("--replay", type=int, default=0, metavar="N",
+                   help="serve the top N systems in turn in front of the Tritons and replay the trace with Locust: "
+                        "live SLO attainment and accuracy beside the simulated (default: 0, none)")
+    p.add_argument("--data", type=Path, help="with --replay: the rows to send, an .npz of the model's one input "
+                                             "and 'labels' (as `accscale profile triton --data` reads)")
     p.add_argument("--out", type=Path, required=True, help="where the table, report and config go")
     p.add_argument("--json", action="store_true", help="print one JSON object: the ranking and the config's path")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.seeds < 1 or args.workers < 1:
-        raise ConfigError("--seeds and --workers must be >= 1")
+    if args.seeds < 1 or args.workers < 1 or args.replay < 0 or not args.overhead_ms >= 0:
+        raise ConfigError("--seeds and --workers must be >= 1, --replay and --overhead-ms >= 0")
+    tritons = args.triton or [f"127.0.0.1:{FIRST_GRPC_PORT + PORT_STEP * k}" for k in range(args.workers)]
+    if len(tritons) != args.workers:
+        raise ConfigError(f"--workers is {args.workers} but --triton names {len(tritons)}: one per worker")
+    if args.replay and args.data is None:
+        raise ConfigError("--replay sends rows of --data (an .npz of the model's input and 'labels'); give one")
     profile = Profile.load(args.profile)
     arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
     if not len(arrival_us):
         raise ConfigError(f"{args.trace}: no arrivals")
+    # the sidecar takes overhead_us off every slack; so does an earlier deadline, which also judges each query as
+    # its client would (one overhead later)
+    client_deadline_us = deadline_us - round(args.overhead_ms * 1000)
     registry = systems()
     owner = {p.name: s.name for s in registry for p in s.policies}
     planned = {s.planner.policy: s.name for s in registry if s.planner is not None}
@@ -97,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
                 _progress(f"{name}: seed {seed + 1} of {args.seeds}"
                           + (" (generating its MDP policies)" if seed == 0 and "loads" in options else ""))
                 config = SimConfig(workers=args.workers, seed=seed, latency_noise="tail")
-                summary = simulated(name, profile, arrival_us, deadline_us, config, **options).summary()
+                summary = simulated(name, profile, arrival_us, client_deadline_us, config, admission=True,
+                                    late_queries="drop", **options).summary()
                 attainment.append(summary["slo_attainment"])
                 accuracy.append(summary["mean_serving_accuracy"])
         except ConfigError as exc:
@@ -110,8 +142,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"no policy takes {args.profile}: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
     ranked.sort(key=lambda r: (-r.mean_attainment, -r.mean_accuracy))
     args.out.mkdir(parents=True, exist_ok=True)
-    config_path = args.out / "advised.toml"
-    config_path.write_text(sidecar_config(ranked[0], args.profile, profile, args))
+    configs = [args.out / ("advised.toml" if k == 0 else f"rank-{k + 1}.toml") for k in range(max(1, args.replay))]
+    for r, path in zip(ranked, configs):
+        path.write_text(sidecar_config(r, args.profile, profile, tritons, args))
+    config_path = configs[0]
+    if args.replay:
+        payloads = save_payloads(args.out / "payloads.npz", *_rows(args.data))
+        ranked[:args.replay] = [_live(r, path, profile.name, payloads, tritons, args)
+                                for r, path in zip(ranked, configs)]
     rows = table(ranked)
     write_rows(rows, args.out / "advise.csv")
     _plot(args.out / "attainment.png", ranked)
@@ -124,6 +162,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The rows a replay sends, and their labels: an .npz of one input array and ``labels``."""
+    try:
+        data = np.load(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: not an .npz ({exc})") from None
+    inputs = [k for k in data.files if k != "labels"]
+    if "labels" not in data.files or len(inputs) != 1:
+        raise ConfigError(f"{path}: --replay needs one input array and 'labels'; it has {data.files}")
+    return data[inputs[0]], data["labels"]
+
+
+def _live(ranked: Ranked, config: Path, model: str, payloads: Path, tritons: list[str],
+          args: argparse.Namespace) -> Ranked:
+    """``ranked`` served live on ``config`` in front of ``tritons``, the trace replayed with Locust."""
+    out = args.out / "live" / ranked.policy
+    _progress(f"{ranked.policy}: serving it live on {config.name}, replaying {args.trace.name} with Locust")
+    with SidecarServer(workers=tritons, config=config) as sidecar:
+        run = replay([Replay(model, args.trace, payloads)], sidecar.grpc_url, out, name=ranked.policy,
+                     slo_ms=args.slo_ms, progress_s=0)
+    return replace(ranked, live=run["summary"])
+
+
 def ramsis_loads(arrival_us: np.ndarray) -> list[float]:
     """Loads (q/s) for RAMSIS's MDP policies: quantiles of the trace's rate per second, at least 1 q/s."""
     seconds = np.bincount(arrival_us // 1_000_000)
@@ -131,7 +192,8 @@ def ramsis_loads(arrival_us: np.ndarray) -> list[float]:
 
 
 def table(ranked: list[Ranked]) -> list[dict]:
-    """One row per system, best first; ``tied``: its attainment's min..max overlaps the one above's."""
+    """One row per system, best first; ``tied``: its attainment's min..max overlaps the one above's; with a replay,
+    the live figures and how many points the live attainment is above the simulated mean."""
     rows = []
     for i, r in enumerate(ranked):
         above = ranked[i - 1] if i else None
@@ -140,14 +202,24 @@ def table(ranked: list[Ranked]) -> list[dict]:
                      "slo_attainment": round(r.mean_attainment, 4),
                      "attainment_min": round(min(r.attainment), 4), "attainment_max": round(max(r.attainment), 4),
                      "accuracy": round(r.mean_accuracy, 4), "tied_with_above": tied, "seeds": len(r.attainment)})
+        if any(x.live for x in ranked):  # replayed: its figures at the client, blank for those not replayed
+            live = r.live or {}
+            attained = live.get("slo_attainment")
+            rows[-1].update(live_attainment="" if attained is None else round(attained, 4),
+                            live_accuracy=round(live["mean_serving_accuracy"], 4) if live else "",
+                            live_minus_simulated_points="" if attained is None else
+                            round(100 * (attained - r.mean_attainment), 2),
+                            # what the sidecar met by its own clock, and the time its requests spent outside it
+                            live_sidecar_attainment=round(live["server_attainment"], 4) if live else "",
+                            live_unseen_p90_ms=round(live["unseen_p90_ms"], 2) if live else "")
     return rows
 
 
-def sidecar_config(best: Ranked, profile_path: Path, profile: Profile, args: argparse.Namespace) -> str:
-    """The winner behind the sidecar: its policy built with the options it was simulated with (RAMSIS's MDP
-    policies are generated again from them when the sidecar starts), the workers on the ports `accscale triton
-    --grpc-port` would give them."""
-    workers = ", ".join(f'"127.0.0.1:{FIRST_GRPC_PORT + PORT_STEP * k}"' for k in range(args.workers))
+def sidecar_config(best: Ranked, profile_path: Path, profile: Profile, tritons: list[str],
+                   args: argparse.Namespace) -> str:
+    """A system behind the sidecar: its policy built with the options it was simulated with (RAMSIS's MDP
+    policies are generated again from them when the sidecar starts), in front of ``tritons``."""
+    workers = ", ".join(json.dumps(url) for url in tritons)
     options = "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(best.options.items()))
     return (f"# advised by `accscale advise` for {args.trace} at an SLO of {args.slo_ms:g} ms on {args.workers} "
             f"worker(s):\n# {best.policy} ({best.system}), SLO attainment {best.mean_attainment:.4f}, accuracy "
@@ -155,6 +227,7 @@ def sidecar_config(best: Ranked, profile_path: Path, profile: Profile, args: arg
             f"workers = [{workers}]  # Triton gRPC endpoints\n\n"
             f"[[models]]\nname = {json.dumps(profile.name)}\nprofile = {json.dumps(str(profile_path.absolute()))}\n"
             f"policy = {json.dumps(best.policy)}\ndefault_slo_us = {round(args.slo_ms * 1000)}\n"
+            f"overhead_us = {round(args.overhead_ms * 1000)}\n"
             + (f"[models.policy_options]\n{options}" if options else ""))
 
 
