@@ -1,6 +1,6 @@
 """One engine, two clocks: a trace through the live driver on virtual time, in the simulator's world.
 
-:func:`run_live` mirrors ``Simulator(policy, world, planner=...).run(arrival_us, deadline_us, query_types)``
+:func:`run_live` mirrors ``Simulator(policy, world, planners=...).run(arrival_us, deadline_us, query_types)``
 and returns each query's engine record in arrival order (query id = index, as in ``SimResult``). Give it
 fresh policy objects (a policy keeps state). Each worker of the world is one fake worker slot of its
 device kind holding its resident models, whose batches take exactly what the simulator's
@@ -48,7 +48,7 @@ ARRIVAL_RANK = 1  # after the timers asyncio schedules (rank 0) due at the same 
 
 def run_live(policy: Policy | Mapping[str, Policy], config: SimConfig | World,
              arrival_us: Sequence[int] | np.ndarray, deadline_us: Sequence[int] | np.ndarray,
-             query_types: Sequence[str] | None = None, *, planner: Planner | None = None) -> list[QueryRecord]:
+             query_types: Sequence[str] | None = None, *, planners: Sequence[Planner] = ()) -> list[QueryRecord]:
     """Each query's record, in arrival order (see the module docstring)."""
     policies = {"": policy} if isinstance(policy, Policy) else dict(policy)
     world = config.world(next(iter(policies.values())).device) if isinstance(config, SimConfig) else config
@@ -75,7 +75,7 @@ def run_live(policy: Policy | Mapping[str, Policy], config: SimConfig | World,
                           load_delay_s=lambda model: world.load_us(model) / 1e6)
 
     async def main() -> None:  # the driver is built on the running loop: a wakeup asked for then needs it
-        driver = LiveDriver(((models[name], p) for name, p in policies.items()), planner=planner, clock=loop.clock)
+        driver = LiveDriver(((models[name], p) for name, p in policies.items()), clock=loop.clock)
         client_end = driver.engine.on_end
 
         def on_end(record: QueryRecord, output: object, error: AccscaleError | None) -> None:
@@ -85,8 +85,8 @@ def run_live(policy: Policy | Mapping[str, Policy], config: SimConfig | World,
         driver.engine.on_end = on_end
         for i, w in enumerate(world.workers):  # slot i, as the driver numbers them: the world's worker i
             driver.add_worker(worker(i), 1, device=w.device, resident=w.resident)
-        if planner is not None:
-            driver.engine.start_planning()
+        for planner in planners:
+            driver.use_planner(planner)
         clients: list[asyncio.Task] = []
         issued = loop.create_future()
 

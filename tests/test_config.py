@@ -81,3 +81,46 @@ def test_limits_come_from_the_file_and_the_flags_override_them(tmp_path):
         path.write_text(GOOD.replace("[[models]]", bad + "\n[[models]]"))
         with pytest.raises(ValueError, match=message):
             config.load(path)
+
+
+def _model(name: str, policy: str) -> str:
+    return f'[[models]]\nname = "{name}"\nprofile = "{name}.json"\npolicy = "{policy}"\n'
+
+
+def test_several_planners_each_plan_their_models_on_their_workers_beside_unplanned_models(tmp_path):
+    path = tmp_path / "all.toml"
+    path.write_text('workers = ["h:1", "h:2"]\n'
+                    '[[planners]]\nkind = "proteus"\nmodels = ["p1"]\nworkers = ["h:1"]\nperiod_s = 5.0\n'
+                    '[[planners]]\nkind = "proteus"\nmodels = ["p2"]\n'
+                    + _model("s", "slackfit") + _model("p1", "proteus") + _model("p2", "proteus")
+                    + _model("r", "jellyfish"))
+    loaded = config.load(path)
+    first, second = loaded.planners
+    assert (first.models, first.workers, first.options, first.settings.period_s) == (("p1",), ("h:1",), {"period_s": 5.0}, 5.0)
+    assert [loaded.planner_workers(p) for p in loaded.planners] == [("h:1",), ("h:1", "h:2")]
+    assert [m.name for m in loaded.unplanned] == ["s", "r"]
+    assert loaded.planner_of("p2") is second and loaded.planner_of("s") is None
+    # one [planner] is the same as one [[planners]] entry over every model of its policy
+    path.write_text('workers = ["h:1"]\n[planner]\nkind = "proteus"\n' + _model("p1", "proteus") + _model("s", "slackfit"))
+    (only,) = config.load(path).planners
+    assert config.load(path).planned_models(only) == ("p1",)
+
+
+@pytest.mark.parametrize("planners, models, message", [
+    ("", _model("p", "proteus"), "policy 'proteus' routes for a planner; add one"),
+    ('[[planners]]\nkind = "proteus"\nmodels = ["p"]\n', _model("p", "proteus") + _model("q", "proteus"),
+     r"'q': policy 'proteus' routes for a planner; add one .* that plans it"),
+    ('[[planners]]\nkind = "proteus"\n[[planners]]\nkind = "proteus"\n', _model("p", "proteus"),
+     "'p' is planned by two planners"),
+    ('[[planners]]\nkind = "proteus"\nmodels = ["s"]\n', _model("s", "slackfit"), "'s' is served by 'slackfit'"),
+    ('[[planners]]\nkind = "proteus"\nmodels = ["x"]\n', _model("p", "proteus"), "'x' is not a model"),
+    ('[[planners]]\nkind = "proteus"\nworkers = ["h:9"]\n', _model("p", "proteus"), r"not in workers: \['h:9'\]"),
+    ('[[planners]]\nkind = "proteus"\nmodels = "p"\n', _model("p", "proteus"), "lists of names"),
+    ('[planner]\nkind = "proteus"\n[[planners]]\nkind = "proteus"\n', _model("p", "proteus"), "not both"),
+])
+def test_planners_that_leave_a_model_unplanned_or_claim_what_is_not_theirs_are_refused(tmp_path, planners, models,
+                                                                                        message):
+    path = tmp_path / "bad.toml"
+    path.write_text('workers = ["h:1"]\n' + planners + models)
+    with pytest.raises(ValueError, match=message):
+        config.load(path)

@@ -6,8 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler_sidecar.core.plan import Demand, Plan, Planner
+from scheduler_sidecar.core.plan import Demand, Plan, Planner, Scope
+from scheduler_sidecar.core.profile import Actuation
 from scheduler_sidecar.core.records import Decision
+from scheduler_sidecar.errors import PolicyError
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
 from scheduler_sidecar.systems.proteus.policy import Proteus
@@ -63,7 +65,7 @@ def test_plans_come_at_the_period_and_on_a_demand_jump():
     slow = list(range(0, 300_000, 50_000))  # 2 queries per period
     burst = [310_000 + i for i in range(10)]  # 10 queries at once
     arrivals = slow + burst
-    result = Simulator(SlackFit(make_profile()), World.uniform(4), planner=planner).run(
+    result = Simulator(SlackFit(make_profile()), World.uniform(4), planners=[planner]).run(
         arrivals, [a + 1_000_000 for a in arrivals])
     times = [t for t, _ in planner.calls]
     assert times[:4] == [0, 100_000, 200_000, 300_000]  # the period
@@ -103,7 +105,7 @@ def test_a_plan_moves_a_worker_make_before_break():
     world = World((SimWorker(resident=frozenset({"m1"})),), load_ms=50.0)
     arrivals = list(range(0, 100_000, 5_000))
     policy = Proteus(make_profile(), query_type="", batching="nexus")  # it runs only what a worker holds
-    result = Simulator(policy, world, planner=PlaceOnce()).run(arrivals, [a + 1_000_000 for a in arrivals])
+    result = Simulator(policy, world, planners=[PlaceOnce()]).run(arrivals, [a + 1_000_000 for a in arrivals])
     assert result.summary()["met"] == len(arrivals)
     before = [b for b in result.batches if b.start_us < 50_000]
     after = [b for b in result.batches if b.start_us >= 50_001]
@@ -144,3 +146,77 @@ def test_admission_counts_only_the_queries_with_earlier_deadlines():
     arrivals, deadlines = zip(*(lax + tight))
     result = Simulator(SlackFit(make_profile()), World.uniform(1), admission=True).run(list(arrivals), list(deadlines))
     assert result.summary()["rejected"] == 0 and result.summary()["met"] == 310
+
+
+def _family(prefix: str):
+    """make_profile's variants on Triton models of their own: ``prefix``0, ``prefix``1, ..."""
+    profile = make_profile()
+    return replace(profile, name=prefix, variants=tuple(
+        replace(v, id=f"{prefix}{i}", actuation=Actuation("model", f"{prefix}{i}")) for i, v in enumerate(profile.variants)))
+
+
+class Told(SlackFit):
+    """SlackFit that keeps the plans it is given."""
+
+    def __init__(self, profile, **options) -> None:
+        super().__init__(profile, **options)
+        self.plans: list[object] = []
+
+    def observe_plan(self, now_us, plan):
+        self.plans.append(plan.detail)
+
+
+class Owner(Planner):
+    """Plans every 50 ms over its scope: its first worker should hold every model of its family (SlackFit, which
+    the test's types use, takes any free worker for any variant)."""
+
+    period_us = 50_000
+
+    def __init__(self, name: str, scope: Scope) -> None:
+        self.name, self.scope = name, scope
+        self.demands: list[Demand] = []
+
+    def plan(self, now_us, demand):
+        self.demands.append(demand)
+        return Plan(now_us, {min(self.scope.workers): frozenset(f"{self.name}{i}" for i in range(4))}, detail=self.name)
+
+
+def test_planners_plan_their_own_types_on_their_own_workers_beside_an_unplanned_type():
+    """Two planners and an unplanned type on one pool: each planner counts only its type's arrivals, sees and places
+    only its workers, and its plans reach only its type's policy; every query is served, on the workers that hold
+    its type's models."""
+    policies = {name: Told(_family(name)) for name in ("a", "b", "s")}
+    holds = {"a": (0, 1), "b": (2, 3), "s": (4,)}
+    world = World(tuple(SimWorker(resident=frozenset(f"{name}{i}" for i in range(4)))
+                        for name, workers in holds.items() for _ in workers), load_ms=5.0)
+    planners = [Owner(name, Scope(frozenset({name}), frozenset(holds[name]))) for name in ("a", "b")]
+    arrivals = list(range(0, 300_000, 1_000))
+    types = ["a", "b", "s"] * (len(arrivals) // 3)
+    result = Simulator(policies, world, planners=planners).run(arrivals, [a + 100_000 for a in arrivals], types)
+    assert result.summary()["met"] == len(arrivals)
+    for planner in planners:
+        assert len(planner.demands) >= 6  # the first plan, then every 50 ms
+        assert all({w.id for w in d.workers} == set(holds[planner.name]) for d in planner.demands)
+        assert sum(d.arrivals.get(planner.name, 0) for d in planner.demands) > 0
+        assert all(set(d.arrivals) <= {planner.name} for d in planner.demands)
+        assert set(policies[planner.name].plans) == {planner.name}
+    assert policies["s"].plans == []
+
+
+def test_planners_may_not_share_a_type_or_a_worker_nor_place_beyond_their_own():
+    policies = {name: SlackFit(_family(name)) for name in ("a", "b")}
+    world = World.uniform(4)
+    shared = [Owner("a", Scope(frozenset({"a"}), frozenset({0, 1}))), Owner("b", Scope(frozenset({"b"}), frozenset({1, 2})))]
+    with pytest.raises(ValueError, match="same worker"):
+        Simulator(policies, world, planners=shared).run([0], [10**6], ["a"])
+    everything = [Owner("a", Scope(frozenset({"a"}), frozenset({0}))), Owner("b", Scope())]
+    with pytest.raises(ValueError, match="same query type"):
+        Simulator(policies, world, planners=everything).run([0], [10**6], ["a"])
+
+    class Trespasser(Owner):
+        def plan(self, now_us, demand):
+            return Plan(now_us, {3: frozenset({"a0"})})
+
+    with pytest.raises(PolicyError, match="worker 3, which its planner does not own"):
+        Simulator(policies, world, planners=[Trespasser("a", Scope(frozenset({"a"}), frozenset({0})))]).run(
+            [0], [10**6], ["a"])

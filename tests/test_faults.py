@@ -54,9 +54,9 @@ class Harness:
         self.planner = Scripted()
         device = make(0).device
         self.engine = Engine([QueryType(TYPE, make(0))], [WorkerState(i, device=device) for i in range(WORKERS)],
-                             self, clock=lambda: self.now, on_end=self._on_end, planner=self.planner)
+                             self, clock=lambda: self.now, on_end=self._on_end)
         self.planner.next = plans[0]
-        self.engine.start_planning()  # as a deployment does: a plan is in force before any request
+        self.engine.add_planner(self.planner)  # as a deployment does: a plan is in force before any request
         self.ids = 0
 
     # the engine's executor
@@ -72,11 +72,11 @@ class Harness:
     def wake_at(self, time_us) -> None:
         pass
 
-    def scale(self, model, instances) -> None:
+    def scale(self, model, instances, workers) -> None:
         pass
 
     def plan(self, planner, now_us, demand) -> None:
-        self.engine.apply_plan(planner.plan(now_us, demand))
+        self.engine.apply_plan(planner, planner.plan(now_us, demand))
 
     def _on_end(self, record, output, error) -> None:
         self.ends.setdefault(record.query_id, []).append((record.outcome, error))
@@ -109,7 +109,7 @@ class Harness:
             engine.set_policy(TYPE, first if k % 2 else SlackFit(first.profile, device=first.device))
         elif kind == "plan":
             self.planner.next = self.plans[k % len(self.plans)]
-            engine.request_plan()
+            engine.request_plan(self.planner)
         elif kind == "tick":
             self.now += 1_000 * (k + 1)
             engine.wakeup()

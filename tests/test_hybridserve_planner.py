@@ -143,10 +143,11 @@ def test_a_config_file_names_the_planner_of_its_one_cascade(tmp_path, family_fil
                'device_speeds = { "cpu-x3" = 0.5 }\n')
     cascade = f'[[models]]\nname = "{MODEL}"\nprofile = "p.json"\npolicy = "cascade"\n'
     path.write_text(f'workers = ["h:1"]\n{planner}{cascade}')
-    settings = config.load(path).planner.settings
+    (spec,) = config.load(path).planners
+    settings = spec.settings
     assert (settings.family, settings.mode, settings.prune) == (family_file, "eo", True)
     assert settings.config == HybridServeConfig(12, device_speeds={"cpu-x3": 0.5})
-    for models, message in ((cascade.replace('"cascade"', '"slackfit"'), r"its own policy \('cascade'\)"),
+    for models, message in ((cascade.replace('"cascade"', '"slackfit"'), r"plans no model: none is served by its policy 'cascade'"),
                             (cascade + cascade.replace(MODEL, "other"), "plans one model")):
         path.write_text(f'workers = ["h:1"]\n{planner}{models}')
         with pytest.raises(ValueError, match=message):

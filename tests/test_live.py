@@ -57,10 +57,10 @@ def make_model(name: str = "m", **options) -> LiveModel:
                      ModelMetrics(Metrics(), name))
 
 
-def make_driver(*workers: FakeWorker, policies=None, clock=None, planner=None, **options):
+def make_driver(*workers: FakeWorker, policies=None, clock=None, **options):
     models = [make_model(**options)] if policies is None else [make_model(n, **options) for n in policies]
     chosen = [SlackFit(make_profile())] if policies is None else list(policies.values())
-    driver = LiveDriver(zip(models, chosen), clock=clock or Clock(), planner=planner)
+    driver = LiveDriver(zip(models, chosen), clock=clock or Clock())
     for w in workers:
         driver.add_worker(w, 1)
     return driver, models
@@ -263,14 +263,14 @@ def test_a_slow_planner_does_not_delay_requests():
     """While the planner's solve is blocked in its thread, requests are served on the event loop."""
     async def main():
         planner = SlowPlanner()
-        driver, (model,) = make_driver(worker(gated=False), planner=planner)
-        driver.engine.start_planning()
+        driver, (model,) = make_driver(worker(gated=False))
+        driver.use_planner(planner)
         await asyncio.get_running_loop().run_in_executor(None, planner.started.wait, 60)
         answers = await asyncio.gather(*(model.infer(row(i, 0), 1_000_000) for i in range(5)))
-        assert len(answers) == 5 and planner.plans == 0 and driver.engine.plan is None
+        assert len(answers) == 5 and planner.plans == 0 and driver.engine.plan_of("m") is None
         planner.release.set()
         await driver.settle()
-        assert planner.plans == 1 and driver.engine.plan is not None
+        assert planner.plans == 1 and driver.engine.plan_of("m") is not None
         await driver.close()
 
     asyncio.run(main())

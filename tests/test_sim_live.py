@@ -113,8 +113,8 @@ def test_proteus_plans_places_and_routes_alike(load_ms):
         planner = ProteusPlanner({f: profiles[f] for f in families}, list(enumerate(kinds)), dict.fromkeys(families, 300.0),
                                  ProteusConfig(period_s=5.0), initial_demand=dict(zip(families, trace.per_second[0])))
         runs.append((planner, {f: Proteus(profiles[f], query_type=f, device="cpu") for f in families}))
-    sim = Simulator(runs[0][1], world, planner=runs[0][0]).run(arrival, deadline, names)
-    assert live_ends(run_live(runs[1][1], world, arrival, deadline, names, planner=runs[1][0])) == ends(sim)
+    sim = Simulator(runs[0][1], world, planners=[runs[0][0]]).run(arrival, deadline, names)
+    assert live_ends(run_live(runs[1][1], world, arrival, deadline, names, planners=[runs[1][0]])) == ends(sim)
     assert runs[0][0].plans >= 3 and runs[1][0].plans == runs[0][0].plans
     assert sim.count(Outcome.DROPPED) > 0 and len(set(sim.variant) - {None}) > 3
 
@@ -142,8 +142,8 @@ def test_a_hybridserve_cascade_behind_the_sidecar_is_planned_and_batched_alike(h
     arrival = np.round(traces.gamma(1.5 * capacity_qps, 4.0, 5.0, seed=2).arrival_s * 1e6).astype(np.int64)
     runs = [(CascadeModel(profile), HybridServePlanner(family, point, "cascade", config, server=lambda w: "one"))
             for _ in range(2)]
-    sim = Simulator(runs[0][0], world, planner=runs[0][1]).run(arrival, arrival + slo_us)
-    assert live_ends(run_live(runs[1][0], world, arrival, arrival + slo_us, planner=runs[1][1])) == ends(sim)
+    sim = Simulator(runs[0][0], world, planners=[runs[0][1]]).run(arrival, arrival + slo_us)
+    assert live_ends(run_live(runs[1][0], world, arrival, arrival + slo_us, planners=[runs[1][1]])) == ends(sim)
     assert sim.count(Outcome.MET) > 0 and sim.count(Outcome.DROPPED) > 0
     assert runs[1][0].params == runs[0][0].params and "cascade_plan" in dict(runs[0][0].params)
 
@@ -167,7 +167,7 @@ def test_a_loki_pipeline_behind_the_sidecar_is_planned_and_batched_alike():
     slo_us = round(pipeline.slo_ms * 1000)
     runs = [(LokiPipeline(profile), LivePlanner(pipeline, 8, LokiConfig(period_s=2.0, min_demand_qps=1.0)))
             for _ in range(2)]
-    sim = Simulator(runs[0][0], world, planner=runs[0][1]).run(arrival, arrival + slo_us)
-    assert live_ends(run_live(runs[1][0], world, arrival, arrival + slo_us, planner=runs[1][1])) == ends(sim)
+    sim = Simulator(runs[0][0], world, planners=[runs[0][1]]).run(arrival, arrival + slo_us)
+    assert live_ends(run_live(runs[1][0], world, arrival, arrival + slo_us, planners=[runs[1][1]])) == ends(sim)
     assert runs[0][1].plans >= 3 and runs[1][1].plans == runs[0][1].plans
     assert sim.count(Outcome.MET) > 0 and sim.count(Outcome.DROPPED) > 0

@@ -116,7 +116,7 @@ def test_a_run_starts_at_its_start_and_plans_come_into_force_late():
     force plan_delay_us later, and the period counts from then, as the live driver's does."""
     planner, policy = Periodic(), Watching(PROFILE)
     arrival = np.arange(500_000, 800_000, 10_000)
-    Simulator(policy, SimConfig(workers=1), planner=planner, plan_delay_us=lambda now_us: 20_000).run(
+    Simulator(policy, SimConfig(workers=1), planners=[planner], plan_delay_us=lambda now_us: 20_000).run(
         arrival, arrival + 30_000, start_us=450_000)
     assert planner.asked[:3] == [450_000, 570_000, 690_000]
     assert policy.seen[:2] == [(450_000, 470_000), (570_000, 590_000)]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
@@ -80,9 +80,9 @@ class Executor(Protocol):
     def plan(self, planner: Planner, now_us: int, demand: Demand) -> None:
         """Run ``planner.plan``, inline or off the event loop; hand the result to ``engine.apply_plan``."""
 
-    def scale(self, model: str, instances: int) -> None:
-        """Run ``instances`` instances of ``model`` on every worker (a plan's ``instances``: the pipeline models a
-        BLS model calls are not a worker's placement)."""
+    def scale(self, model: str, instances: int, workers: Sequence[WorkerState]) -> None:
+        """Run ``instances`` instances of ``model`` on the servers of ``workers`` (a plan's ``instances``, on its
+        planner's workers: the pipeline models a BLS model calls are not a worker's placement)."""
 
 
 # record, the driver's output for a served query, the error for one that was not served
@@ -122,11 +122,23 @@ class QueryType:
         return out
 
 
+@dataclass
+class _Planning:
+    """One planner's state: the arrivals of its types since its last plan, its plan, and when it plans next."""
+
+    planner: Planner
+    since_us: int
+    arrivals: dict[str, int] = field(default_factory=dict)  # query type -> arrivals since ``since_us``
+    plan: Plan | None = None
+    busy: bool = False  # a plan is being made
+    next_us: int | None = None
+
+
 class Engine:
     """One shared worker pool: see the module docstring."""
 
     def __init__(self, types: Sequence[QueryType], workers: Sequence[WorkerState], executor: Executor, *,
-                 clock: Callable[[], int], on_end: EndHandler, planner: Planner | None = None,
+                 clock: Callable[[], int], on_end: EndHandler,
                  on_decide: Callable[[str, str], None] | None = None) -> None:
         if not types:
             raise ValueError("an engine needs at least one query type")
@@ -137,19 +149,15 @@ class Engine:
         self.workers: list[WorkerState] = list(workers)
         self._index = {w.id: i for i, w in enumerate(self.workers)}
         self._free = sum(w.is_free for w in self.workers)  # workers that could start a batch now
-        self.executor, self.clock, self.on_end, self.planner = executor, clock, on_end, planner
+        self.executor, self.clock, self.on_end = executor, clock, on_end
         self.on_decide = on_decide  # (query type, policy name) after each decide() call: metrics
-        self.plan: Plan | None = None
+        self._plannings: list[_Planning] = []  # one per planner (add_planner), each over its scope
         self.num_decisions = 0
         self._running: dict[int, Batch] = {}  # worker id -> its running batch
         self._attempts: dict[int, int] = {}  # query id -> dispatches so far (only while it is not done)
         self._wakeups: set[int] = set()  # times the executor will call wakeup()
         self._target: dict[int, frozenset[str]] = {}  # worker id -> placement still to carry out
         self._instances: dict[str, int] = {}  # Triton model -> the instance count a plan last set
-        self._arrivals: dict[str, int] = {}  # query type -> arrivals since the last plan
-        self._demand_since_us = clock()
-        self._next_plan_us: int | None = None
-        self._planning = False
         # query type -> (indices of its workers, None when all of them; how many of them are healthy)
         self._views: dict[str, tuple[list[int] | None, int]] = {}
         self._reroute_due = False  # workers or the plan changed: routed queues may have to move
@@ -180,9 +188,11 @@ class Engine:
         if qt.routes is not None:
             self._route(qt, query, now, again=False)
         qt.policy.observe_arrival(now, query)
-        self._arrivals[qt.name] = self._arrivals.get(qt.name, 0) + 1
-        if self.planner is not None and self.planner.observe_arrival(now, query):
-            self.request_plan()
+        for state in self._plannings:
+            if state.planner.scope.has_type(qt.name):
+                state.arrivals[qt.name] = state.arrivals.get(qt.name, 0) + 1
+                if state.planner.observe_arrival(now, query):
+                    self._request(state)
 
     def cancel(self, query_id: int, query_type: str) -> bool:
         """A client left: drop its query if it is still queued (True) and end it as cancelled."""
@@ -275,55 +285,75 @@ class Engine:
         """A requested wakeup time came; a periodic plan may be due."""
         now = self.clock()
         self._wakeups = {t for t in self._wakeups if t > now}
-        if self.planner is not None and self._next_plan_us is not None and now >= self._next_plan_us:
-            self.request_plan()
+        for state in self._plannings:
+            if state.next_us is not None and now >= state.next_us:
+                self._request(state)
         self.step()
 
     # ------------------------------------------------------------------ plans
-    def start_planning(self) -> None:
-        """Ask for the first plan now; later ones follow every ``planner.period_us``."""
-        if self.planner is None:
-            raise ValueError("this engine has no planner")
-        self.request_plan()
+    def add_planner(self, planner: Planner) -> None:
+        """Plan ``planner.scope`` with ``planner`` from now on: the first plan at once, then every period and on
+        bursts. No two planners share a query type or a worker."""
+        scope = planner.scope
+        for other in (state.planner.scope for state in self._plannings):
+            for mine, theirs, what in ((scope.types, other.types, "query type"), (scope.workers, other.workers,
+                                                                                    "worker")):
+                if mine is None or theirs is None or mine & theirs:
+                    raise ValueError(f"two planners would plan the same {what}: give each its own")
+        state = _Planning(planner, self.clock())
+        self._plannings.append(state)
+        self._request(state)
 
-    def request_plan(self) -> None:
+    def request_plan(self, planner: Planner) -> None:
+        """Ask ``planner`` for a plan now, on top of its period."""
+        self._request(self._state(planner))
+
+    def _request(self, state: _Planning) -> None:
         """Plan now, unless a plan is already being made (the request is then served by that one)."""
-        if self.planner is None or self._planning:
+        if state.busy:
             return
-        now = self.clock()
-        demand = Demand(self._demand_since_us, now, dict(self._arrivals), tuple(self.workers))
-        self._arrivals.clear()
-        self._demand_since_us = now
-        self._planning = True
-        self.executor.plan(self.planner, now, demand)
+        now, scope = self.clock(), state.planner.scope
+        demand = Demand(state.since_us, now, dict(state.arrivals),
+                        tuple(w for w in self.workers if scope.has_worker(w.id)))
+        state.arrivals.clear()
+        state.since_us, state.busy = now, True
+        self.executor.plan(state.planner, now, demand)
 
-    def plan_failed(self) -> None:
-        """The planner raised: the current plan stays, and the next one is asked for a period later."""
-        self._planning = False
-        assert self.planner is not None
-        self._next_plan_us = self.clock() + self.planner.period_us
-        self._wake(self._next_plan_us)
+    def _state(self, planner: Planner) -> _Planning:
+        return next(state for state in self._plannings if state.planner is planner)
 
-    def apply_plan(self, plan: Plan) -> None:
-        """A plan is in force: workers move to its placement as they become free; policies route by it."""
-        self._planning = False
-        self.plan = plan
-        now = self.clock()
+    def plan_failed(self, planner: Planner) -> None:
+        """The planner raised: its current plan stays, and its next one is asked for a period later."""
+        state = self._state(planner)
+        state.busy = False
+        state.next_us = self.clock() + planner.period_us
+        self._wake(state.next_us)
+
+    def apply_plan(self, planner: Planner, plan: Plan) -> None:
+        """A plan is in force: the planner's workers move to its placement as they become free; its types'
+        policies route by it."""
+        state = self._state(planner)
+        state.busy, state.plan = False, plan
+        now, scope = self.clock(), planner.scope
         for wid, models in plan.placement.items():
-            if wid not in self._index:
-                raise PolicyError(f"plan places models on unknown worker {wid}")
+            if wid not in self._index or not scope.has_worker(wid):
+                raise PolicyError(f"plan places models on worker {wid}, which its planner does not own")
             self._target[wid] = frozenset(models)
         for model, count in plan.instances.items():
             if self._instances.get(model) != count:
                 self._instances[model] = count
-                self.executor.scale(model, count)
+                self.executor.scale(model, count, [w for w in self.workers if scope.has_worker(w.id)])
         for qt in self.types.values():
-            qt.policy.observe_plan(now, plan)
+            if scope.has_type(qt.name):
+                qt.policy.observe_plan(now, plan)
         self._reroute_due = True
-        assert self.planner is not None
-        self._next_plan_us = now + self.planner.period_us
-        self._wake(self._next_plan_us)
+        state.next_us = now + planner.period_us
+        self._wake(state.next_us)
         self.step()
+
+    def plan_of(self, query_type: str) -> Plan | None:
+        """The plan in force for a query type (None: unplanned, or no plan yet)."""
+        return next((state.plan for state in self._plannings if state.planner.scope.has_type(query_type)), None)
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> None:
@@ -614,8 +644,9 @@ class Engine:
         self._quickest.pop(query_type, None)
         self._views.pop(query_type, None)  # its models are the new profile's
         now = self.clock()
-        if self.plan is not None:
-            policy.observe_plan(now, self.plan)
+        plan = self.plan_of(query_type)
+        if plan is not None:
+            policy.observe_plan(now, plan)
         if qt.routes is not None:  # the new policy routes every query afresh
             for q in queued:
                 self._route(qt, q, now, again=True)
@@ -625,7 +656,7 @@ class Engine:
     @property
     def placing(self) -> bool:
         """A plan is being made, or its placement is not carried out yet."""
-        return self._planning or bool(self._target)
+        return any(state.busy for state in self._plannings) or bool(self._target)
 
     def workers_of(self, query_type: str) -> list[WorkerState]:
         """The workers a query type's policy sees."""

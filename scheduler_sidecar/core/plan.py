@@ -8,6 +8,10 @@ and hands the plan to the engine when it is done. The engine moves each worker t
 placement make before break: a model the worker lacks is loaded while it keeps serving what it
 holds, and what the plan no longer wants is unloaded between two batches once the new model is
 in. It gives the plan to every policy, which routes by it.
+
+Several planners may share one pool (a deployment serving several systems at once): each has a
+:class:`Scope`, the query types it plans and the workers it owns. It counts only its types' arrivals,
+sees only its workers, places only on them, and its plans go only to its types' policies.
 """
 
 from __future__ import annotations
@@ -43,10 +47,25 @@ class Plan:
     instances: Mapping[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What one planner plans: its query types and the workers it owns (None: every one)."""
+
+    types: frozenset[str] | None = None
+    workers: frozenset[int] | None = None
+
+    def has_type(self, name: str) -> bool:
+        return self.types is None or name in self.types
+
+    def has_worker(self, worker_id: int) -> bool:
+        return self.workers is None or worker_id in self.workers
+
+
 class Planner(abc.ABC):
     """How the engine calls a planner; see the module docstring."""
 
     period_us: int  # plan at least this often
+    scope: Scope = Scope()  # the whole pool, unless the deployment gives it a part (see the module docstring)
 
     @abc.abstractmethod
     def plan(self, now_us: int, demand: Demand) -> Plan:

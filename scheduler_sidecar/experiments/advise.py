@@ -5,9 +5,11 @@ the sidecar runs live), with the same workers and SLO, once per ``--seeds`` seed
 batch's latency drawn between the profile's p50 and p99), as the sidecar would serve it: with admission, late
 queries dropped, and a query met when it ends ``--overhead-ms`` before its deadline (the time a client's request
 spends outside the sidecar's view: what the client sees). SlackFit and its baselines (MaxAcc, MaxBatch, Clipper+,
-INFaaS), and RAMSIS with its MDP policies generated now for the trace's loads, Jellyfish+ and ModelSwitching. The
-policies that route for a planner (Proteus's MILP, Loki's pipeline, HybridServe's cascade) are listed as not
-simulated here, and a policy that refuses the profile is listed with its reason. The rest are ranked by mean SLO
+INFaaS), RAMSIS with its MDP policies generated now for the trace's loads, Jellyfish+ and ModelSwitching, and
+Proteus's planner (its MILP placing variants on the workers, re-planning on its period and on bursts, models
+loading in the profile's load times) with its adaptive batching. Loki and HybridServe plan a pipeline and a
+cascade, which a family's profile does not describe: they are listed as not applicable, as is a policy that
+refuses the profile, with the reason. The rest are ranked by mean SLO
 attainment, then mean accuracy; each figure's spread over the seeds is its min..max, and a system whose
 attainment spread overlaps the one above's is marked tied.
 
@@ -42,6 +44,10 @@ from scheduler_sidecar.systems import option_names, policy_class, systems
 SEEDS = 3
 OVERHEAD_MS = 0.3  # the sidecar's default overhead_us
 RAMSIS_LOAD_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)  # of the trace's per-second rate: the loads RAMSIS plans for
+# the planned policies advise simulates on a family's profile; what the others' planners plan instead
+PLANNED = frozenset({"proteus"})
+PLANS = {"loki": "pipeline (a BLS model of tasks; `accscale demo loki`)",
+         "hybridserve": "cascade (a BLS model over a family; `accscale demo hybridserve`)"}
 FIRST_GRPC_PORT, PORT_STEP = 8001, 10  # where advised.toml expects the Tritons: `accscale triton --grpc-port`
 
 
@@ -52,6 +58,7 @@ class Ranked:
     attainment: tuple[float, ...]  # one per seed
     accuracy: tuple[float, ...]
     options: dict  # what the policy was built with beyond the profile
+    planner: str | None = None  # the planner it routes for (a [planner] of its config)
     live: dict | None = None  # its replay's summary at the client (``--replay``)
 
     @property
@@ -109,27 +116,26 @@ def run(args: argparse.Namespace) -> int:
     client_deadline_us = deadline_us - round(args.overhead_ms * 1000)
     registry = systems()
     owner = {p.name: s.name for s in registry for p in s.policies}
-    planned = {s.planner.policy: s.name for s in registry if s.planner is not None}
+    planned = {s.planner.policy: s.planner.kind for s in registry if s.planner is not None}
     names = args.policies.split(",") if args.policies else list(owner)
     loads = ramsis_loads(arrival_us)
     ranked, refused = [], {}
     for name in names:
         cls = policy_class(name)
-        if name in planned:
-            refused[name] = (f"routes for {planned[name]}'s planner, which advise does not simulate yet "
-                             f"(`accscale reproduce {planned[name]}` compares it on its paper's terms)")
+        if name in planned and name not in PLANNED:
+            refused[name] = (f"routes for {planned[name]}'s planner, which plans a {PLANS[planned[name]]}: "
+                             "this profile is a family of separate models")
             continue
         options = {"device": args.device, "slo_ms": args.slo_ms, "workers": args.workers, "loads": loads}
         accepted = option_names(cls)
         options = {k: v for k, v in options.items() if k in accepted and v is not None}
+        run_once = _planned if name in PLANNED else _unplanned
         attainment, accuracy = [], []
         try:
             for seed in range(args.seeds):
                 _progress(f"{name}: seed {seed + 1} of {args.seeds}"
                           + (" (generating its MDP policies)" if seed == 0 and "loads" in options else ""))
-                config = SimConfig(workers=args.workers, seed=seed, latency_noise="tail")
-                summary = simulated(name, profile, arrival_us, client_deadline_us, config, admission=True,
-                                    late_queries="drop", **options).summary()
+                summary = run_once(name, profile, arrival_us, client_deadline_us, seed, args, options)
                 attainment.append(summary["slo_attainment"])
                 accuracy.append(summary["mean_serving_accuracy"])
         except ConfigError as exc:
@@ -137,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             _progress(f"{name}: does not take this profile ({exc})")
             continue
         ranked.append(Ranked(owner[name], name, tuple(attainment), tuple(accuracy),
-                             {k: v for k, v in options.items() if k != "device"}))
+                             {k: v for k, v in options.items() if k != "device"}, planned.get(name)))
     if not ranked:
         raise ConfigError(f"no policy takes {args.profile}: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
     ranked.sort(key=lambda r: (-r.mean_attainment, -r.mean_accuracy))
@@ -160,6 +166,29 @@ def run(args: argparse.Namespace) -> int:
         print(markdown_table(rows, list(rows[0])))
         print(f"\nadvised: {ranked[0].policy} ({ranked[0].system}); its sidecar config: {config_path}")
     return 0
+
+
+def _unplanned(name: str, profile: Profile, arrival_us: np.ndarray, deadline_us: np.ndarray, seed: int,
+               args: argparse.Namespace, options: dict) -> dict:
+    """A policy that needs no planner, on ``args.workers`` workers holding every model."""
+    config = SimConfig(workers=args.workers, seed=seed, latency_noise="tail")
+    return simulated(name, profile, arrival_us, deadline_us, config, admission=True, late_queries="drop",
+                     **options).summary()
+
+
+def _planned(name: str, profile: Profile, arrival_us: np.ndarray, deadline_us: np.ndarray, seed: int,
+             args: argparse.Namespace, options: dict) -> dict:
+    """Proteus: its planner places the profile's models on ``args.workers`` devices of the profile's kind, from the
+    trace's first 10 s of demand, each load taking the profile's load time; its policy routes and batches."""
+    from scheduler_sidecar.experiments.proteus.systems import SYSTEMS as PROTEUS  # lazy: PuLP
+    from scheduler_sidecar.experiments.proteus.systems import Setup, simulate_queries
+
+    device = args.device or profile.device_kinds[0]
+    start_s = (arrival_us - arrival_us[0]) / 1e6
+    initial = {profile.name: float(np.count_nonzero(start_s < 10.0)) / min(10.0, max(1.0, start_s[-1]))}
+    setup = Setup({profile.name: profile}, {device: args.workers}, args.slo_ms, latency_noise="tail", admission=True)
+    return simulate_queries(PROTEUS[name], setup, [profile.name], arrival_us, deadline_us,
+                            [profile.name] * len(arrival_us), initial, seed=seed).result.summary()
 
 
 def _rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -221,10 +250,11 @@ def sidecar_config(best: Ranked, profile_path: Path, profile: Profile, tritons: 
     policies are generated again from them when the sidecar starts), in front of ``tritons``."""
     workers = ", ".join(json.dumps(url) for url in tritons)
     options = "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(best.options.items()))
+    planner = f'[planner]\nkind = "{best.planner}"\n' if best.planner else ""
     return (f"# advised by `accscale advise` for {args.trace} at an SLO of {args.slo_ms:g} ms on {args.workers} "
             f"worker(s):\n# {best.policy} ({best.system}), SLO attainment {best.mean_attainment:.4f}, accuracy "
             f"{best.mean_accuracy:.4f} simulated. Start the Tritons, then: accscale serve --config <this file>\n"
-            f"workers = [{workers}]  # Triton gRPC endpoints\n\n"
+            f"workers = [{workers}]  # Triton gRPC endpoints\n{planner}\n"
             f"[[models]]\nname = {json.dumps(profile.name)}\nprofile = {json.dumps(str(profile_path.absolute()))}\n"
             f"policy = {json.dumps(best.policy)}\ndefault_slo_us = {round(args.slo_ms * 1000)}\n"
             f"overhead_us = {round(args.overhead_ms * 1000)}\n"

@@ -1,6 +1,7 @@
 """``accscale demo``: the whole system on the default supernet, one bursty trace, three policies
 (``accscale demo proteus``, ``accscale demo loki`` and ``accscale demo hybridserve``: those systems' live demos,
-:mod:`.proteus.demo`, :mod:`.loki.demo`, :mod:`.hybridserve.demo`).
+:mod:`.proteus.demo`, :mod:`.loki.demo`, :mod:`.hybridserve.demo`; ``accscale demo all``: the five at once on one
+deployment, :mod:`.demo_all`).
 
 Builds (or reuses) the full-preset supernet and its profile, starts Triton and the sidecar
 on free loopback ports, replays one bursty trace with Locust for SlackFit and for two
@@ -25,6 +26,7 @@ from export.presets import get_preset
 from loadtest import report
 from loadtest.loadtest_cli import loadtest
 from loadtest.traces import bursty, with_slo
+from scheduler_sidecar.experiments import demo_all
 from scheduler_sidecar.experiments.deployment import deploy
 from scheduler_sidecar.experiments.hybridserve import demo as hybridserve_demo
 from scheduler_sidecar.experiments.loki import demo as loki_demo
@@ -60,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     proteus_demo.register(systems)
     loki_demo.register(systems)
     hybridserve_demo.register(systems)
+    demo_all.register(systems)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,11 +36,11 @@ class Deployment:
 
 
 @contextlib.contextmanager
-def deploy(repository: Path, models: Sequence[str], devices: Sequence[Device] = (Device(),), *,
+def deploy(repository: Path | Sequence[Path], models: Sequence[str], devices: Sequence[Device] = (Device(),), *,
            config: str | None = None, profile: Path | None = None, config_path: Path | None = None,
            before_sidecar: Callable[[list[TritonServer]], None] | None = None, sidecar_args: Sequence[str] = (),
            python_args: Sequence[str] = ()) -> Iterator[Deployment]:
-    """A Triton per device, each started with ``models`` of ``repository``, then the sidecar: on ``config`` (a
+    """A Triton per device, each started with ``models`` of ``repository`` (or of several), then the sidecar: on ``config`` (a
     TOML text without its workers, which are these Tritons; written to ``config_path``, else a temporary file)
     or on ``profile``. ``before_sidecar`` runs on the Tritons first (a bench profiles its model there)."""
     with contextlib.ExitStack() as stack:

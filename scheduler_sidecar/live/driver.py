@@ -201,14 +201,14 @@ class _Slot:
 class LiveDriver:
     """The engine of one worker pool on the wall clock (see the module docstring)."""
 
-    def __init__(self, models: Iterable[tuple[LiveModel, Policy]], *, planner: Planner | None = None,
+    def __init__(self, models: Iterable[tuple[LiveModel, Policy]], *,
                  clock: Callable[[], int] = now_us, on_worker_lost: Callable[[Worker, str], None] | None = None) -> None:
         pairs = list(models)
         self.models = {m.name: m for m, _ in pairs}
         types = [QueryType(m.name, p, queue_limit=m.options.queue_limit, max_attempts=m.options.max_attempts,
                            admission=m.options.admission) for m, p in pairs]
         self.clock = clock
-        self.engine = Engine(types, [], self, clock=clock, on_end=self._on_end, planner=planner,
+        self.engine = Engine(types, [], self, clock=clock, on_end=self._on_end,
                              on_decide=lambda name, policy: self.models[name].stats.decision(policy))
         for model, _ in pairs:
             model.driver = self
@@ -243,9 +243,8 @@ class LiveDriver:
         return ids
 
     def use_planner(self, planner: Planner) -> None:
-        """Plan from now on (the first plan at once, then every period and on bursts)."""
-        self.engine.planner = planner
-        self._guard(self.engine.start_planning)
+        """Plan ``planner.scope`` from now on (the first plan at once, then every period and on bursts)."""
+        self._guard(self.engine.add_planner, planner)
 
     def worker_health(self, worker: Worker, healthy: bool) -> None:
         for sid, slot in self.slots.items():
@@ -476,8 +475,8 @@ class LiveDriver:
         except WorkerError as exc:
             log.warning("unloading %s on %s failed: %s", model, slot.label, exc)
 
-    def scale(self, model: str, instances: int) -> None:
-        for slot in {id(s.worker): s for s in self.slots.values()}.values():  # once per Triton server
+    def scale(self, model: str, instances: int, workers: Sequence[WorkerState]) -> None:
+        for slot in {id(s.worker): s for s in (self.slots[w.id] for w in workers)}.values():  # once per server
             self._spawn(self._scale(slot, model, instances))
 
     async def _scale(self, slot: _Slot, model: str, instances: int) -> None:
@@ -512,11 +511,11 @@ class LiveDriver:
             plan = await asyncio.get_running_loop().run_in_executor(None, planner.plan, now_us, demand)
         except Exception:
             log.exception("planner failed; the current plan stays")
-            self._guard(self.engine.plan_failed)
+            self._guard(self.engine.plan_failed, planner)
             return
         # when it was asked for and when it was ready, on this clock: a simulation of the run plans alike (bench fidelity)
         log.info("plan asked for at %.6f s, ready at %.6f s", now_us / 1e6, self.clock() / 1e6)
-        self._guard(self.engine.apply_plan, plan)
+        self._guard(self.engine.apply_plan, planner, plan)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -165,7 +165,7 @@ class TritonServer:
     def __init__(
         self,
         *,
-        repository: Path,
+        repository: Path | Sequence[Path],
         host: str = "127.0.0.1",
         http_port: int = 0,
         grpc_port: int = 0,
@@ -176,7 +176,9 @@ class TritonServer:
         ready_timeout_s: float = 120.0,
         emulate_slowdown: float = 1.0,
     ) -> None:
-        self._repository = Path(repository).absolute()
+        # several repositories: one server serving the models of each (a deployment of several systems)
+        paths = [repository] if isinstance(repository, (str, Path)) else list(repository)
+        self._repositories = tuple(Path(r).absolute() for r in paths)
         self._host = host
         ports: list[int] = []
         for port in (http_port, grpc_port, metrics_port):
@@ -232,7 +234,7 @@ class TritonServer:
     def _command(self, install: TritonInstall) -> list[str]:
         cmd = [
             str(install.binary),
-            f"--model-repository={self._repository}",
+            *(f"--model-repository={r}" for r in self._repositories),
             f"--backend-directory={install.backend_dir}",
             f"--http-address={self._host}",
             f"--http-port={self._http_port}",
@@ -259,8 +261,9 @@ class TritonServer:
         """
         if self._proc is not None:
             raise RuntimeError(f"tritonserver already started (pid {self._proc.pid})")
-        if not self._repository.is_dir():
-            raise TritonStartError(f"model repository {self._repository} is not a directory")
+        for repository in self._repositories:
+            if not repository.is_dir():
+                raise TritonStartError(f"model repository {repository} is not a directory")
         # Triton binds its ports only after loading the models; until then a server already on the
         # HTTP port would answer our readiness checks in its place.
         for port in (self._http_port, self._grpc_port, self._metrics_port):
@@ -270,7 +273,7 @@ class TritonServer:
         log.info(
             "starting tritonserver on %s (repository %s, log %s)",
             self.http_url,
-            self._repository,
+            ", ".join(map(str, self._repositories)),
             self._log_path,
         )
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -412,9 +415,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--repository",
         type=Path,
-        default=Path("model_repository"),
+        action="append",
         metavar="DIR",
-        help="model repository (default: %(default)s)",
+        help="model repository; repeat to serve the models of several (default: model_repository)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address all three endpoints bind to (default: %(default)s)"
@@ -465,7 +468,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _run_triton(args: argparse.Namespace) -> int:
     server = TritonServer(
-        repository=args.repository,
+        repository=args.repository or [Path("model_repository")],
         host=args.host,
         http_port=0 if args.free_ports else args.http_port,
         grpc_port=0 if args.free_ports else args.grpc_port,

@@ -34,14 +34,23 @@ Workers of several device kinds say which (a kind their profiles have; default: 
     [worker_devices]
     "127.0.0.1:8001" = "cpu"
 
-A periodic planner (Proteus, Loki, HybridServe) places variants on workers; every model then uses the policy it
+A periodic planner (Proteus, Loki, HybridServe) places variants on workers; the models it plans use the policy it
 routes for (proteus, loki, cascade)::
 
     [planner]
     kind = "proteus"          # its other keys are ProteusConfig's (period_s, burst_factor, headroom, ...);
     period_s = 30.0           # "loki" and "hybridserve" take their systems' keys (systems/<name>/__init__.py)
 
-``examples/`` has a config for each planner.
+One deployment may serve several systems at once: a ``[[planners]]`` entry per planner, each owning the worker
+slots it is given on its Tritons, beside models served by unplanned policies (SlackFit, RAMSIS, ...) on slots of
+their own on every Triton (``examples/all.toml``)::
+
+    [[planners]]
+    kind = "proteus"
+    models = ["digits"]       # the models it plans (default: every model of its policy)
+    workers = ["127.0.0.1:8001"]  # the Tritons it has slots on (default: every one)
+
+``examples/`` has a config for each planner, and one with all five systems.
 """
 
 from __future__ import annotations
@@ -101,6 +110,8 @@ class PlannerSpec:
 
     kind: str
     options: dict[str, Any] = field(default_factory=dict)
+    models: tuple[str, ...] = ()  # the logical models it plans; empty: every model of its policy
+    workers: tuple[str, ...] = ()  # the Tritons it owns slots on; empty: every one
 
     def __post_init__(self) -> None:
         self.settings  # noqa: B018  checks the options
@@ -136,7 +147,7 @@ class SidecarConfig:
     read_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0
     worker_devices: dict[str, str] = field(default_factory=dict)  # worker url -> its device kind
-    planner: PlannerSpec | None = None
+    planners: tuple[PlannerSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -153,18 +164,57 @@ class SidecarConfig:
         stray = sorted(set(self.worker_devices) - set(self.workers))
         if stray:
             raise ConfigError(f"worker_devices names workers that are not in workers: {stray}")
-        if self.planner is not None:
-            others = sorted({m.policy for m in self.models} - {self.planner.policy})
-            if others:
-                raise ConfigError(f"planner {self.planner.kind!r} routes for its own policy "
-                                 f"({self.planner.policy!r}); models use {others}")
-            if self.planner.entry.one_model and len(self.models) != 1:
-                raise ConfigError(f"planner {self.planner.kind!r} plans one model, the only one; there are "
-                                  f"{len(self.models)}")
+        self._check_planners()
         for spec in self.models:
             if spec.default_slo_us > self.max_slo_us:
                 raise ConfigError(f"model {spec.name!r}: default_slo_us {spec.default_slo_us} is above max_slo_us "
                                  f"{self.max_slo_us}")
+
+    def _check_planners(self) -> None:
+        """Every model of a planned policy is planned by one planner of its kind, on workers of this config."""
+        planned = {spec.policy for spec in self.planners}
+        by_name = {m.name: m for m in self.models}
+        owner: dict[str, str] = {}
+        for spec in self.planners:
+            for name in spec.models:
+                model = by_name.get(name)
+                if model is None or model.policy != spec.policy:
+                    raise ConfigError(f"planner {spec.kind!r} plans models of policy {spec.policy!r}; {name!r} is "
+                                      + ("not a model" if model is None else f"served by {model.policy!r}"))
+            stray = sorted(set(spec.workers) - set(self.workers))
+            if stray:
+                raise ConfigError(f"planner {spec.kind!r} names workers that are not in workers: {stray}")
+            if not self.planned_models(spec):
+                raise ConfigError(f"planner {spec.kind!r} plans no model: none is served by its policy "
+                                  f"{spec.policy!r}")
+            for name in self.planned_models(spec):
+                if name in owner:
+                    raise ConfigError(f"model {name!r} is planned by two planners: give each its models")
+                owner[name] = spec.kind
+            if spec.entry.one_model and len(self.planned_models(spec)) != 1:
+                raise ConfigError(f"planner {spec.kind!r} plans one model; it has {list(self.planned_models(spec))}")
+        for m in self.models:
+            if m.name not in owner and systems.routes_for_planner(m.policy):
+                raise ConfigError(f"model {m.name!r}: policy {m.policy!r} routes for a planner; add one "
+                                  f"([planner] or [[planners]])" + (" that plans it (models = [...])"
+                                                                    if m.policy in planned else ""))
+
+    def planner_of(self, model: str) -> PlannerSpec | None:
+        """The planner that plans ``model``; None: it is unplanned."""
+        return next((spec for spec in self.planners if model in self.planned_models(spec)), None)
+
+    def planned_models(self, spec: PlannerSpec) -> tuple[str, ...]:
+        """The logical models ``spec`` plans."""
+        return spec.models or tuple(m.name for m in self.models if m.policy == spec.policy)
+
+    def planner_workers(self, spec: PlannerSpec) -> tuple[str, ...]:
+        """The Tritons ``spec`` owns slots on."""
+        return spec.workers or self.workers
+
+    @property
+    def unplanned(self) -> tuple[ModelSpec, ...]:
+        """The models no planner plans: served on slots of their own on every worker."""
+        return tuple(m for m in self.models if self.planner_of(m.name) is None)
 
     @property
     def limits(self) -> Limits:
@@ -180,7 +230,7 @@ def load(path: Path | None, **overrides: Any) -> SidecarConfig:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: {exc}") from None
     raw.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in fields(SidecarConfig)}
+    known = {f.name for f in fields(SidecarConfig)} | {"planner"}  # [planner]: one planner, [[planners]]' shorthand
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"{path or 'config'}: unknown keys {unknown}; known: {sorted(known)}")
@@ -191,10 +241,17 @@ def load(path: Path | None, **overrides: Any) -> SidecarConfig:
             raise ConfigError(f"{path or 'config'}: models[{i}] needs 'name' and 'profile' and only keys of "
                              f"{sorted(model_keys)}")
         models.append(ModelSpec(**{**m, "profile": Path(m["profile"])}))
-    planner = raw.pop("planner", None)
-    if planner is not None:
-        if not isinstance(planner, dict) or "kind" not in planner:
-            raise ConfigError(f"{path or 'config'}: [planner] needs a 'kind'")
-        planner = PlannerSpec(planner.pop("kind"), planner)
-    return SidecarConfig(models=tuple(models), planner=planner,
+    if "planner" in raw and "planners" in raw:
+        raise ConfigError(f"{path or 'config'}: [planner] or [[planners]], not both")
+    entries = raw.pop("planners", None) or ([raw.pop("planner")] if "planner" in raw else [])
+    planners = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "kind" not in entry:
+            raise ConfigError(f"{path or 'config'}: planners[{i}] needs a 'kind'")
+        entry = dict(entry)
+        listed = {key: entry.pop(key, []) for key in ("models", "workers")}
+        if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in listed.values()):
+            raise ConfigError(f"{path or 'config'}: planners[{i}]: models and workers are lists of names")
+        planners.append(PlannerSpec(entry.pop("kind"), entry, tuple(listed["models"]), tuple(listed["workers"])))
+    return SidecarConfig(models=tuple(models), planners=tuple(planners),
                          **{**raw, "workers": tuple(raw.get("workers", ()))})

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import replace
 from importlib import metadata as importlib_metadata
 
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
+from scheduler_sidecar.core.plan import Planner, Scope
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
@@ -27,7 +29,13 @@ from scheduler_sidecar.server.loop_lag import LoopLag
 from scheduler_sidecar.server.memory import trim_freed_memory
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
 from scheduler_sidecar.server.protocol import InferRequest, ModelInfo, quote
-from scheduler_sidecar.systems import PlannerContext, make_policy, option_names, policy_class
+from scheduler_sidecar.systems import (
+    PlannerContext,
+    make_policy,
+    option_names,
+    policy_class,
+    routes_for_planner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +51,13 @@ class Sidecar:
         self.config = config
         self.metrics = Metrics()
         self.profiles = {m.name: Profile.load(m.profile) for m in config.models}
-        triton_models = {v.actuation.model for p in self.profiles.values() for v in p.variants}
-        # with a planner, a worker holds only what the plan places on it: its health is the server's alone
-        self.pool = WorkerPool(() if config.planner else triton_models, interval_s=config.health_interval_s)
-        self.triton_models = tuple(sorted(triton_models))
+        self.triton_models = tuple(sorted(self._triton_models(m.name for m in config.models)))
+        # the unplanned models are on every worker, always; a planned worker holds only what its plan places there,
+        # so its health is the server's alone
+        self.unplanned = self._triton_models(m.name for m in config.unplanned)
+        self.pool = WorkerPool(self.unplanned, interval_s=config.health_interval_s)
+        self.planners: list[Planner] = []  # one per config.planners entry, once built
+        self._owned: list[set[int]] = [set() for _ in config.planners]  # per planner: the slots it owns
         self.models: dict[str, LiveModel] = {}
         self.infos: dict[str, ModelInfo] = {}  # what the front ends see of each model
         self.driver: LiveDriver | None = None
@@ -62,7 +73,8 @@ class Sidecar:
         for url in self.config.workers:
             await self.pool.add(url, wait_s=self.config.startup_wait_s)
         for url, kind in self.config.worker_devices.items():
-            for name, profile in self.profiles.items():
+            for name in self._served_on(url):
+                profile = self.profiles[name]
                 if kind not in profile.device_kinds:
                     raise ConfigError(f"worker {url} is of device kind {kind!r}, which model {name!r}'s profile has "
                                       f"no latency for (it has {list(profile.device_kinds)})")
@@ -81,8 +93,8 @@ class Sidecar:
                       for m in self.models.values()}
         for worker in self.pool.workers:
             await self._add_slots(worker)
-        if self.config.planner is not None:
-            await self._first_plan()
+        if self.config.planners:
+            await self._first_plans()
         await self._warm_up()
         self.pool.on_change(self._worker_changed)
         self.pool.start()
@@ -126,24 +138,45 @@ class Sidecar:
             await self.driver.close()
         await self.pool.close()
 
+    def _triton_models(self, names: Iterable[str]) -> frozenset[str]:
+        """The Triton models the variants of these logical models run on."""
+        return frozenset(v.actuation.model for name in names for v in self.profiles[name].variants)
+
+    def _served_on(self, url: str) -> list[str]:
+        """The logical models served on slots of the worker at ``url``."""
+        return [m.name for m in self.config.models if (spec := self.config.planner_of(m.name)) is None
+                or url in self.config.planner_workers(spec)]
+
     async def _add_slots(self, worker: Worker) -> int:
+        """The worker's slots: a group for the unplanned models, sharing the fewest instances of any of their
+        Triton models, and a group per planner that has it, holding that planner's models."""
         assert self.driver is not None
         device = self.config.worker_devices.get(worker.url)
-        if self.config.planner is None:
-            slots = await _slots(worker, self.pool.models)
-            self.driver.add_worker(worker, slots, device=device)
-        else:  # a planned worker holds the models the plan put there
-            resident = self._resident.get(worker.url)
-            if resident is None:
-                resident = self._resident[worker.url] = await self._loaded(worker)
+        added = 0
+        if self.unplanned:
+            slots = await _slots(worker, tuple(sorted(self.unplanned)))
+            # alone, the unplanned models hold every model; beside planners, only theirs
+            resident = self.unplanned if self.config.planners else None
+            added += len(self.driver.add_worker(worker, slots, device=device, resident=resident))
+        for k, spec in enumerate(self.config.planners):
+            if worker.url not in self.config.planner_workers(spec):
+                continue
+            if worker.url not in self._resident:
+                self._resident[worker.url] = await self._loaded(worker)
+            # a planned worker holds the planner's models that the plan put there
+            resident = self._resident[worker.url] & self._triton_models(self.config.planned_models(spec))
             # Proteus' worker is one device, one batch at a time; Loki's and HybridServe's is a Triton whose BLS
             # model (the pipeline, the cascade) holds a batch through every hop, one per instance at once, each
             # calling the stage models, whose instances the plan scales: its instances are the slots
-            bls = self.config.planner.entry.bls_slots and resident
+            bls = spec.entry.bls_slots and resident
             slots = await _slots(worker, tuple(sorted(resident))) if bls else 1
-            self.driver.add_worker(worker, slots, device=device, resident=resident)
+            ids = self.driver.add_worker(worker, slots, device=device, resident=resident)
+            self._owned[k].update(ids)
+            if k < len(self.planners):  # a worker added while serving: the planner owns its new slots too
+                self.planners[k].scope = replace(self.planners[k].scope, workers=frozenset(self._owned[k]))
+            added += len(ids)
         self.metrics.worker_healthy.labels(worker.url).set(1)
-        return slots
+        return added
 
     async def _loaded(self, worker: Worker) -> frozenset[str]:
         """The Triton models of our profiles that ``worker`` has ready."""
@@ -158,16 +191,23 @@ class Sidecar:
                     return await _tensors(worker, v.actuation.model)
         raise ConfigError(f"no worker has a variant of profile {profile.name!r} loaded; start Triton with them")
 
-    async def _first_plan(self) -> None:
-        """Build the planner, make the first plan and wait until its placement is carried out."""
-        assert self.driver is not None and self.config.planner is not None
+    async def _first_plans(self) -> None:
+        """Build each planner over its models and the slots it owns, make the first plans and wait until their
+        placements are carried out."""
+        assert self.driver is not None
         engine, slots = self.driver.engine, self.driver.slots
-        context = PlannerContext(self.profiles, {m.name: m.default_slo_us / 1000 for m in self.config.models},
-                                 [(w.id, w.device) for w in engine.workers], lambda sid: slots[sid].worker.url)
-        spec = self.config.planner
-        # a planner may search for seconds (HybridServe's Algorithms 1 and 2): off the event loop
-        planner = await asyncio.get_running_loop().run_in_executor(None, spec.entry.build, spec.settings, context)
-        self.driver.use_planner(planner)
+        slo_ms = {m.name: m.default_slo_us / 1000 for m in self.config.models}
+        for spec, owned in zip(self.config.planners, self._owned):
+            models = self.config.planned_models(spec)
+            context = PlannerContext({name: self.profiles[name] for name in models},
+                                     {name: slo_ms[name] for name in models},
+                                     [(w.id, w.device) for w in engine.workers if w.id in owned],
+                                     lambda sid: slots[sid].worker.url)
+            # a planner may search for seconds (HybridServe's Algorithms 1 and 2): off the event loop
+            planner = await asyncio.get_running_loop().run_in_executor(None, spec.entry.build, spec.settings, context)
+            planner.scope = Scope(frozenset(models), frozenset(owned))
+            self.planners.append(planner)
+            self.driver.use_planner(planner)
         deadline = asyncio.get_running_loop().time() + self.config.startup_wait_s
         while engine.placing and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
@@ -254,9 +294,12 @@ class Sidecar:
         options = {} if options is None else options
         if not isinstance(options, dict):
             raise InvalidRequest(f"'options' must be an object, got {quote(options)}")
-        if self.config.planner is not None and policy != self.config.planner.policy:
-            raise InvalidRequest(f"the {self.config.planner.kind} planner routes for its own policy; "
+        planner = self.config.planner_of(name)
+        if planner is not None and policy != planner.policy:
+            raise InvalidRequest(f"the {planner.kind} planner routes for its own policy; "
                                  f"{quote(policy)} cannot serve a planned model")
+        if planner is None and routes_for_planner(policy):
+            raise InvalidRequest(f"{quote(policy)} routes for a planner, and none plans {quote(name)}")
         try:
             spec = replace(next(s for s in self.config.models if s.name == name), policy=policy,
                            policy_options=options)

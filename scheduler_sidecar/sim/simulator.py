@@ -55,13 +55,14 @@ class Simulator:
     """Runs policies over one trace; build a new one per run.
 
     ``policy`` is one policy (a single query type, named ``""``), or query type -> policy for
-    several types sharing the world's workers. ``result_model`` says what a batch creates (a
+    several types sharing the world's workers. ``planners`` plan them, each over its scope (one over everything,
+    or several over their own types and workers, as a sidecar serving several systems). ``result_model`` says what a batch creates (a
     pipeline's next stage, a cascade's escalation); by default nothing. ``plan_delay_us`` says how
     long after it was asked for, at a time, a plan comes into force; by default at once.
     """
 
     def __init__(self, policy: Policy | Mapping[str, Policy], config: SimConfig | World, *,
-                 planner: Planner | None = None, result_model: ResultModel | None = None,
+                 planners: Sequence[Planner] = (), result_model: ResultModel | None = None,
                  max_attempts: int = 1 << 30, plan_delay_us: Callable[[int], int] | None = None,
                  admission: bool = False) -> None:
         policies = {"": policy} if isinstance(policy, Policy) else dict(policy)
@@ -75,7 +76,7 @@ class Simulator:
         # admission: refuse what the queue ahead makes infeasible, as the live sidecar does by default; off by
         # default here, where the papers' policies are reproduced without it
         self.types = [QueryType(name, p, max_attempts=max_attempts, admission=admission) for name, p in policies.items()]
-        self.planner = planner
+        self.planners = tuple(planners)  # each over its scope (core.plan)
         self.result_model = result_model
         self.plan_delay_us = plan_delay_us
         self.latency = BatchLatency(self.world, [p.profile for p in policies.values()])
@@ -96,8 +97,8 @@ class Simulator:
             raise ValueError(f"the first arrival ({arrival[0]} us) is before the start ({start_us} us)")
         run = _Run(self, n, start_us)
         engine = run.engine
-        if self.planner is not None:
-            engine.start_planning()
+        for planner in self.planners:
+            engine.add_planner(planner)
         arrivals, deadlines = arrival.tolist(), deadline.tolist()
         types = list(query_types) if query_types is not None else None
         default_type = self.types[0].name
@@ -118,7 +119,7 @@ class Simulator:
                     if victim is not None:
                         engine.set_health(victim.id, False)
                 elif kind == _PLAN:
-                    engine.apply_plan(payload)
+                    engine.apply_plan(*payload)
                 elif next_arrival < n or run.work or engine.queued():
                     engine.wakeup()
                 else:  # only wakeups left (a planner's period): the trace is over
@@ -163,7 +164,7 @@ class _Run:
         for t in sorted(sim.world.fail_at_s):
             self._push(round(t * 1e6), _FAILURE, None)
         self.engine = Engine(sim.types, sim.world.worker_states(), self, clock=lambda: self.now,
-                             on_end=self._on_end, planner=sim.planner)
+                             on_end=self._on_end)
 
     def new_id(self) -> int:
         return next(self._ids)
@@ -203,7 +204,7 @@ class _Run:
     def wake_at(self, time_us: int) -> None:
         self._push(time_us, _WAKEUP, None)
 
-    def scale(self, model: str, instances: int) -> None:
+    def scale(self, model: str, instances: int, workers: Sequence[WorkerState]) -> None:
         pass  # a simulated worker is one replica: a planner that counts replicas places them as workers
 
     def plan(self, planner: Planner, now_us: int, demand: Demand) -> None:
@@ -212,6 +213,6 @@ class _Run:
         self.solve_s.append(time.perf_counter() - started)
         delay_us = self.sim.plan_delay_us(now_us) if self.sim.plan_delay_us is not None else 0
         if delay_us > 0:
-            self._push(now_us + delay_us, _PLAN, plan)
+            self._push(now_us + delay_us, _PLAN, (planner, plan))
         else:
-            self.engine.apply_plan(plan)
+            self.engine.apply_plan(planner, plan)

@@ -104,6 +104,11 @@ def planner(kind: str) -> PlannerEntry:
     return entries[kind]
 
 
+def routes_for_planner(policy: str) -> bool:
+    """Whether a policy serves only by a planner's plans (proteus, loki, cascade)."""
+    return any(s.planner is not None and s.planner.policy == policy for s in systems())
+
+
 def make_policy(name: str, profile: Profile, **options: object) -> Policy:
     """The policy ``name`` built for ``profile``; options it does not take, or refuses, are a ConfigError."""
     cls = policy_class(name)
@@ -130,4 +135,4 @@ def option_names(cls: type[Policy]) -> frozenset[str]:
 
 
 __all__ = ["PACKAGES", "PlannerContext", "PlannerEntry", "System", "make_policy", "option_names", "planner", "policies",
-           "policy_class", "system", "systems"]
+           "policy_class", "routes_for_planner", "system", "systems"]

@@ -195,10 +195,10 @@ def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], lo
     queries arrive when the replay sent them, and a plan asked for when the sidecar asked for one (within
     PLAN_MATCH_S) comes into force as late as the sidecar's did (the median of them otherwise), so that plans,
     periods and the planner's one-second counts fall as they did live."""
-    assert config.planner is not None
+    (spec,) = config.planners
     kinds = [config.worker_devices[url] for url in config.workers]  # the sidecar's worker ids follow this order
     planner = ProteusPlanner(profiles, list(enumerate(kinds)), {m.name: m.default_slo_us / 1000 for m in config.models},
-                             config.planner.settings)
+                             spec.settings)
     every = frozenset(v.actuation.model for p in profiles.values() for v in p.variants)
     world = World(tuple(SimWorker(kind, resident=every) for kind in kinds), load_ms=measured.load_ms,
                   batch_overhead_ms=measured.batch_overhead_ms)
@@ -222,7 +222,7 @@ def _simulate_proteus(config: SidecarConfig, profiles: Mapping[str, Profile], lo
     order = np.argsort(arrival, kind="stable")
     policies = {m.name: model_policy(m, profiles[m.name]) for m in config.models}
     # the demo's models share one admission setting (the sidecar's default)
-    result = Simulator(policies, world, planner=planner, plan_delay_us=plan_delay_us,
+    result = Simulator(policies, world, planners=[planner], plan_delay_us=plan_delay_us,
                        admission=config.models[0].admission).run(
         arrival[order], deadline[order], names[order].tolist(), start_us=round((asked[0] - origin_s) * 1e6))
     plans = {"live": len(asked), "simulated": planner.plans, "simulated_when_live": sum(matched),

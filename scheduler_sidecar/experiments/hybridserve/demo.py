@@ -107,16 +107,16 @@ def run(args: argparse.Namespace) -> int:
     args.slowdown = args.slowdown or default_slowdown(family)
     period_s = args.slowdown * family.models[-1].latency.p50_at(ROWS) / 1000
     config = HybridServeConfig(args.instances, args.replicas, args.slowdown)
-    planners = _planners(family, config)
+    deployed = planners(family, config)
     args.clients = args.clients or args.bls_instances
-    repo = write_bls(family, planners["ap-pruned"].bls_plan, args.bls_instances)
+    repo = write_bls(family, deployed["ap-pruned"].bls_plan, args.bls_instances)
     images, labels = family.images("test")
     # an emulated device sleeps most of each batch: GPUs would read idle power, so its energy is the power model's
     meter = nvml_meter() if args.slowdown == 1 else None
     modes, replays = [], []
     with TritonServer(repository=repo, models=[*family.names, BLS], emulate_slowdown=args.slowdown) as triton:
         for name, mode, prune in DEPLOYMENTS:
-            planner = planners[name]
+            planner = deployed[name]
             point, plan = planner.point, planner.plan(0, Demand(0, 0, {}))
             _set_instances(triton.grpc_url, plan.instances)
             replicas = tuple(planner.replicas.values())
@@ -142,19 +142,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _planners(family, config) -> dict:
+def planners(family, config) -> dict:
     """Each of DEPLOYMENTS' planners, Algorithm 1 run once for all of them (the sidecar's, from the same family and
     search settings, finds the same cascades)."""
     search_split = family.predictions("search")
     result = search(search_split, family.costs)
     whole = operating_points(family, result=result)
-    planners = {}
+    built = {}
     for name, mode, pruned in DEPLOYMENTS:
         point = (pruned_point(family, prune(search_split, family.costs, mode, searched=result), mode) if pruned
                  else whole[mode])
         # the largest alone is served by its own Triton model, not through the BLS
-        planners[name] = HybridServePlanner(family, point, family.names[-1] if mode == "largest" else BLS, config)
-    return planners
+        built[name] = HybridServePlanner(family, point, family.names[-1] if mode == "largest" else BLS, config)
+    return built
 
 
 def default_slowdown(family: Family) -> float:
@@ -258,15 +258,16 @@ async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.n
             "energy_mj_per_request": round(energy_mj, 3), "energy_source": source}
 
 
-def cascade_profile(path: Path, family: Family, point: OperatingPoint, slowdown: float) -> Path:
+def cascade_profile(path: Path, family: Family, point: OperatingPoint, slowdown: float, bls: str = BLS) -> Path:
     """The cascade as one variant, for the sidecar's admission and queue, written to ``path``: at batch b, the sum
-    over its models of their latency at their share of the batch (escalations run one after another)."""
+    over its models of their latency at their share of the batch (escalations run one after another); served by
+    the BLS model ``bls``."""
     index = [family.names.index(m) for m in point.cascade.models]
     curves = [family.models[i].latency for i in index]
     sizes = curves[0].batch_sizes
     ms = tuple(slowdown * sum(c.p50_at(max(1, int(np.ceil(rho * b)))) for c, rho in zip(curves, point.test.reach))
                for b in sizes)
-    actuation = (Actuation("pipeline", BLS, path=point.cascade.models) if len(index) > 1
+    actuation = (Actuation("pipeline", bls, path=point.cascade.models) if len(index) > 1
                  else Actuation("model", point.cascade.models[0]))
     Profile(f"cascade-{point.mode}", f"{family.folder} x{slowdown:g}",
             (Variant("cascade", point.test.accuracy, actuation, {"cpu": LatencyCurve(sizes, ms, ms)}),)).save(path)

@@ -169,7 +169,7 @@ def simulate(system: System, setup: Setup, arrival_us: np.ndarray, *, initial_de
         router = Router(pipeline, system.drop, budget=setup.budget, seed=seed)
         policies = {t: LokiTask(pipeline, t, router, device=DEVICE) for t in names}
         deadline_us = arrival_us + slo_us
-    result = Simulator(policies, world, planner=planner, result_model=fanout).run(
+    result = Simulator(policies, world, planners=[planner], result_model=fanout).run(
         arrival_us, deadline_us, [pipeline.root.name] * len(arrival_us))
     frames = frame_outcomes(pipeline, result, fanout)
     return Run(system.name, result, frames, list(getattr(planner, "history", ())),

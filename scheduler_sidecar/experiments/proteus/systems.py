@@ -72,6 +72,8 @@ class Setup:
     config: ProteusConfig = field(default_factory=ProteusConfig)
     load_ms: float | None = None  # model load time; None: each profile's measured one where known, else 0 (the artifact's)
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
+    latency_noise: str = "none"  # "tail": each batch's latency drawn between its p50 and p99 (World's)
+    admission: bool = False  # refuse what the queue ahead makes infeasible, as the sidecar does by default
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
     ``initial_demand`` (q/s per type)."""
     kinds = [k for k, n in setup.cluster.items() for _ in range(n)]
     world = World(tuple(SimWorker(k, resident=frozenset()) for k in kinds), seed=seed, load_ms=setup.load_ms,
-                  fail_at_s=setup.fail_at_s)
+                  fail_at_s=setup.fail_at_s, latency_noise=setup.latency_noise)
     families = tuple(families)
     profiles = {f: setup.profiles[f] for f in families}
     allowed = None
@@ -121,7 +123,8 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
                                  allowed=allowed, fixed_types=system.fixed_types, static=system.static,
                                  uniform_routing=system.uniform_routing)
     policies = {f: Proteus(p, query_type=f, batching=system.batching, device=kinds[0]) for f, p in profiles.items()}
-    result = Simulator(policies, world, planner=planner).run(arrival_us, deadline_us, names)
+    result = Simulator(policies, world, planners=[planner], admission=setup.admission).run(arrival_us, deadline_us,
+                                                                                          names)
     index = {f: i for i, f in enumerate(families)}
     return Run(system.name, result, np.array([index[n] for n in names], dtype=np.int64), families, planner.plans)
 

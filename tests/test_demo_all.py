@@ -1,0 +1,38 @@
+"""The five systems at once on one deployment: `accscale demo all` briefly, on one real Triton that SlackFit, RAMSIS,
+Proteus's, Loki's and HybridServe's planners share through one sidecar and its engine."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import pytest
+
+from scheduler_sidecar.cli import main
+from scheduler_sidecar.experiments.demo_all import SYSTEMS
+from scheduler_sidecar.server.config import tomllib
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+
+
+def test_the_five_systems_serve_their_models_at_once_on_one_triton(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "all", "--tritons", "1", "--duration-s", "18", "--base-qps", "3", "--burst-qps", "20",
+                 "--out", str(out)]) == 0
+    config = tomllib.loads((out / "sidecar.toml").read_text())
+    assert [p["kind"] for p in config["planners"]] == ["proteus", "loki", "hybridserve"]
+    assert [m["policy"] for m in config["models"]] == ["slackfit", "ramsis", "proteus", "loki", "cascade"]
+    log = (out / "sidecar.log").read_text()
+    assert "Traceback" not in log, log
+    # one worker: the unplanned models' slot, Proteus's device, and the instances of the two BLS models
+    placed = re.search(r"first plan placed: (\{.*\})", log)
+    assert placed, log
+    summary = (out / "summary.md").read_text()
+    rows = {r["model"]: r for r in csv.DictReader(open(out / "windows.csv"))}
+    assert set(rows) == set(SYSTEMS)
+    for name, system in SYSTEMS.items():
+        line = next(x for x in summary.splitlines() if x.startswith(f"| {name} | {system} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        sent, met = int(cells[3]), int(cells[4])
+        # every system served its own model beside the others; the 2-core machine runs all of them and the client
+        assert sent > 0 and met / sent > 0.5, line
