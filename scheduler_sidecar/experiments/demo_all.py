@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.deployment import Answer, Device, Request, deploy, open_loop
 
 WINDOW_S = 5.0
@@ -63,7 +64,7 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.add_argument("--tritons", type=int, default=2, help="Triton servers the systems share (default: 2)")
     p.add_argument("--duration-s", type=float, default=60.0, help="length of the run (default: 60)")
     p.add_argument("--base-qps", type=float, default=4.0, help="every model's steady rate (default: 4)")
-    p.add_argument("--burst-qps", type=float, default=40.0, help="a model's rate in its burst (default: 40)")
+    p.add_argument("--burst-qps", type=float, default=100.0, help="a model's rate in its burst (default: 100)")
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
     p.add_argument("--out", type=Path, help="where the results go (default: runs/demo-all-<time>)")
     p.set_defaults(func=run)
@@ -71,7 +72,7 @@ def register(demos: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.tritons < 1 or not args.duration_s > 0 or not 0 < args.base_qps <= args.burst_qps:
-        raise ValueError("--tritons >= 1, --duration-s > 0 and 0 < --base-qps <= --burst-qps")
+        raise ConfigError("--tritons >= 1, --duration-s > 0 and 0 < --base-qps <= --burst-qps")
     out = args.out or Path("runs") / time.strftime("demo-all-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     folder = args.build_dir / "demo-all"
