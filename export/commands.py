@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"(default: {PROFILE_REPEATS})")
     p.add_argument("--out", type=Path, help="profile path (default: build/<preset>/profile.json)")
     p.set_defaults(func=run_profile)
-    _register_operator_profiles(p.add_subparsers(dest="profile_what", metavar="{triton,validate}"))
+    _register_operator_profiles(p.add_subparsers(dest="profile_what", metavar="{triton,import,validate}"))
 
     e = subparsers.add_parser(
         "export", help="export the supernet and static subnets from a profile into the Triton repository",
@@ -90,8 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _register_operator_profiles(what: argparse._SubParsersAction) -> None:
-    """``accscale profile triton`` and ``accscale profile validate``: an operator's own models (the supernet
-    profiler above is ``accscale profile`` with no subcommand)."""
+    """``accscale profile triton``, ``import`` and ``validate``: an operator's own models (the supernet profiler
+    above is ``accscale profile`` with no subcommand)."""
     t = what.add_parser(
         "triton", help="profile the models a running Triton serves, any backend (an operator's own family)",
         description="Reads each model's metadata and config from a running Triton, measures p50 and p99 latency "
@@ -129,6 +129,23 @@ def _register_operator_profiles(what: argparse._SubParsersAction) -> None:
     t.add_argument("--name", help="the profile's name (default: the output file's stem)")
     t.add_argument("--out", type=Path, required=True, help="where the profile goes")
     t.set_defaults(func=_run_triton_profile)
+    i = what.add_parser("import", help="a profile from Model Analyzer's inference results (CSV)",
+                        description="Reads Model Analyzer's metrics-model-inference.csv: the rows at concurrency 1 "
+                                    "of one configuration per model (--model-config, else <model>_config_default, "
+                                    "else its only one). p99 from 'p99 Latency (ms)'; p50 from 'Avg Latency (ms)' "
+                                    "where present (add perf_latency_avg to inference_output_fields), else p99. "
+                                    "Accuracy from --accuracy.")
+    i.add_argument("file", type=Path, help="Model Analyzer's inference results CSV")
+    i.add_argument("--accuracy", type=Path, required=True,
+                   help="CSV with columns model, version, accuracy, metric, dataset (a row per model)")
+    i.add_argument("--model-config", action="append", default=[], metavar="NAME",
+                   help="the configuration to take (its 'Model Config Path', e.g. resnet50_config_3); repeat per "
+                        "model")
+    i.add_argument("--device-kind", default="cpu",
+                   help="the device kind Model Analyzer measured on, as the sidecar's workers name it (default: cpu)")
+    i.add_argument("--name", help="the profile's name (default: the output file's stem)")
+    i.add_argument("--out", type=Path, required=True, help="where the profile goes")
+    i.set_defaults(func=_run_import)
     v = what.add_parser("validate", help="check a profile (hand-written or measured) as the sidecar reads it",
                         description="Loads the profile as the sidecar and simulator do: every error names the "
                                     "file and the field. Then says what it holds.")
@@ -140,6 +157,12 @@ def _run_triton_profile(args: argparse.Namespace) -> int:
     from export import triton_profile  # lazy: tritonclient.grpc
 
     return triton_profile.run(args)
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from export import model_analyzer  # lazy: tritonclient.grpc (its accuracy reader's module)
+
+    return model_analyzer.run(args)
 
 
 def _run_validate(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 def test_the_five_systems_serve_their_models_at_once_on_one_triton(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["demo", "all", "--tritons", "1", "--duration-s", "18", "--base-qps", "3", "--burst-qps", "20",
+    assert main(["demo", "all", "--tritons", "1", "--duration-s", "12", "--base-qps", "3", "--burst-qps", "20",
                  "--out", str(out)]) == 0
     config = tomllib.loads((out / "sidecar.toml").read_text())
     assert [p["kind"] for p in config["planners"]] == ["proteus", "loki", "hybridserve"]

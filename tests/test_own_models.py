@@ -102,7 +102,7 @@ def test_the_walkthrough_serves_what_advise_predicted(tmp_path, capsys):
     for name in models:
         assert main(["add-model", str(tmp_path / f"{name}.onnx"), "--repository", str(repository)]) == 0
     profile, trace, out = tmp_path / "mine.json", tmp_path / "bursty.txt", tmp_path / "advice"
-    bursty(20.0, 40.0, 8.0, 12.0, seed=1).save(trace)
+    bursty(20.0, 40.0, 8.0, 8.0, seed=1).save(trace)
     with TritonServer(repository=repository, emulate_slowdown=200) as triton:
         assert main(["profile", "triton", "--url", triton.grpc_url, "--models", ",".join(models), "--batch-sizes",
                      "1,4,16", "--repeats", "5", "--warmup", "2", "--device-kind", "cpu-x200", "--data",

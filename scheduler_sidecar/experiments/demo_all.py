@@ -31,9 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
-from export.presets import DEFAULT_BUILD_DIR
+from export.presets import DEFAULT_BUILD_DIR, get_preset
+from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.deployment import Answer, Device, Request, deploy, open_loop
+from scheduler_sidecar.experiments.hybridserve import demo as hybridserve_demo
+from scheduler_sidecar.experiments.loki import demo as loki_demo
+from scheduler_sidecar.experiments.proteus import demo as proteus_demo
+from scheduler_sidecar.sim.results import markdown_table
+from scheduler_sidecar.systems.hybridserve.family import Family
+from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig
 
 WINDOW_S = 5.0
 SLO_MS = {"supernet": 100.0, "wine": 100.0, "digits": 300.0, "scenes": 400.0, "cascade": 1000.0}
@@ -97,35 +104,33 @@ def build(folder: Path, build_dir: Path, tritons: int) -> tuple[list[Path], list
     """Every system's models, built unless cached: (the Triton repositories, the logical models)."""
     from export import data  # lazy: torch
     from export.artifacts import Artifacts  # lazy: onnx, torch
-    from export.families import build as build_families  # lazy: onnx, torch
-    from export.presets import get_preset
     from export.profiler import SUPERNET_MODEL, export_supernet  # lazy: onnx, torch
-    from scheduler_sidecar.core.profile import Profile
-    from scheduler_sidecar.experiments.proteus.demo import samples
 
     artifacts = Artifacts(get_preset("fast"), build_dir)
     act = artifacts.supernet()
     _, kept = artifacts.profiled(act, artifacts.calibration(act))
     export_supernet(act, kept, folder / "supernet")
-    families = build_families(folder / "families", {"cpu": 1.0}, build_dir)
+    # the Proteus demo's families, whose profiles have this machine's kind (cpu) beside its emulated ones
+    families_repository, families = proteus_demo.families(build_dir)
     images = data.load(act.spec.image_size)["heldout"].images
-    wine, digits = samples("wine")[0], samples("digits")[0]
+    wine, digits = proteus_demo.samples("wine")[0], proteus_demo.samples("digits")[0]
     family_models = {q: tuple(v.actuation.model for v in Profile.load(families[q]).variants) for q in ("wine", "digits")}
     models = [
         Model("supernet", _model("supernet", artifacts.profile_path, "slackfit"), (SUPERNET_MODEL,),
               lambda i: {"INPUT": images[i % len(images)][None]}),
         # RAMSIS' MDP policies for the unplanned slots (one per Triton) and the loads the run offers
         Model("wine", _model("wine", families["wine"], "ramsis", "latency_calibration = false\n"
-                             f"[models.policy_options]\nslo_ms = {SLO_MS['wine']}\nworkers = {tritons}\n"
+                             f"[models.policy_options]\ndevice = \"cpu\"\nslo_ms = {SLO_MS['wine']}\n"
+                             f"workers = {tritons}\n"
                              "loads = [2.0, 5.0, 10.0, 20.0, 40.0, 80.0]\n"), family_models["wine"],
               lambda i: {"INPUT": wine[i % len(wine)][None].astype(np.float32)}),
         Model("digits", '[[planners]]\nkind = "proteus"\nperiod_s = 10.0\n'
               # a waiting worker keeps a margin for its timer's lateness: the loop runs five systems' requests
               + _model("digits", families["digits"], "proteus", "latency_calibration = false\n"
-                       f"[models.policy_options]\nguard_us = {PROTEUS_GUARD_US}\n"),
+                       f"[models.policy_options]\ndevice = \"cpu\"\nguard_us = {PROTEUS_GUARD_US}\n"),
               family_models["digits"], lambda i: {"INPUT": digits[i % len(digits)][None].astype(np.float32)}),
         _loki(folder / "loki"), _cascade(folder / "cascade", build_dir)]
-    repositories = [folder / "supernet", folder / "families" / "repository", folder / "loki" / "repository",
+    repositories = [folder / "supernet", families_repository, folder / "loki" / "repository",
                     build_dir / "hybridserve" / "repository", folder / "cascade" / "repository"]
     return repositories, models
 
@@ -139,7 +144,6 @@ def _loki(folder: Path) -> Model:
     """Loki's pipeline, the small recipe, at this machine's speed: its BLS model alone is loaded at start (the
     plans load the stage models)."""
     from export.scenes import generate  # lazy: torch
-    from scheduler_sidecar.experiments.loki import demo as loki_demo
 
     stamp, profile, _, _ = loki_demo.build_pipeline(folder, SLO_MS["scenes"], 1.0, LOKI_INSTANCES, "small")
     frames = generate(300, "heldout", seed=21).frames
@@ -154,9 +158,6 @@ def _cascade(folder: Path, build_dir: Path) -> Model:
     """HybridServe's cascade (AP, pruned) in a BLS model of its own, beside the family HybridServe's demo builds."""
     from export import repository  # lazy: onnx, torch
     from export.cascade_models import build as build_family  # lazy: onnx, torch
-    from scheduler_sidecar.experiments.hybridserve import demo as hybridserve_demo
-    from scheduler_sidecar.systems.hybridserve.family import Family
-    from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig
 
     stamp = build_family(build_dir / "hybridserve")
     family = Family.load(stamp)
@@ -243,8 +244,6 @@ def write(out: Path, rows: list[dict], per_model: list[dict], args: argparse.Nam
         writer = csv.DictWriter(f, list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    from scheduler_sidecar.sim.results import markdown_table
-
     text = (f"# accscale demo all\n\nFive systems on one sidecar and {args.tritons} shared Triton(s): every model "
             f"{args.base_qps:g} q/s, {args.burst_qps:g} q/s in its own sixth of {args.duration_s:g} s (supernet's "
             "the second, ..., cascade's the last). Met: answered within its SLO at the client. Accuracy: the "

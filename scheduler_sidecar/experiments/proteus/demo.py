@@ -65,11 +65,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def families(build_dir: Path) -> tuple[Path, dict[str, Path]]:
-    """The three families, built unless up to date: (their Triton repository, query type -> its profile)."""
+    """The three families, built unless up to date: (their Triton repository, query type -> its profile). Their
+    profiles have the emulated KINDS, and this machine's own ``cpu`` (``accscale demo all`` serves them at its
+    speed)."""
     from export.families import build  # lazy: onnx, torch
 
     folder = build_dir / "proteus-demo"
-    return folder / "repository", build(folder, KINDS, build_dir)
+    return folder / "repository", build(folder, {**KINDS, "cpu": 1.0}, build_dir)
 
 
 def deployment(repository: Path, paths: Mapping[str, Path], out: Path, *, slo_ms: float,
