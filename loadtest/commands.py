@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +56,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     actions = trace.add_subparsers(dest="trace_action", metavar="ACTION", required=True)
     gen = actions.add_parser("gen", help="write a generated trace",
                              description="Write a seeded, generated trace.")
-    kinds = gen.add_subparsers(dest="kind", metavar="KIND", required=True)
+    for p in _add_kinds(gen):
+        p.add_argument("--out", default="-", help="output file, or '-' for stdout (default: -)")
+        p.set_defaults(func=run_gen)
+    info = actions.add_parser("info", help="print a trace's size, duration and rates",
+                              description="Print a trace's query count, duration, mean and peak rate "
+                                          "(1-s bins).")
+    info.add_argument("file", help="trace file, or '-' for stdin")
+    info.set_defaults(func=run_info)
+
+
+def _add_kinds(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """A subcommand per kind of trace, with its options and those every kind has; returns their parsers."""
+    kinds = parser.add_subparsers(dest="kind", metavar="KIND", required=True)
+    added = []
     for kind, (help_text, _) in KINDS.items():
         p = kinds.add_parser(kind, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         _add_kind_options(kind, p)
@@ -64,13 +78,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--slo-ms", type=float, help="give every query this SLO in ms (default: no SLOs)")
         p.add_argument("--payloads", type=int, metavar="N",
                        help="give every query a payload index drawn uniformly from 0..N-1 (default: none)")
-        p.add_argument("--out", default="-", help="output file, or '-' for stdout (default: -)")
-        p.set_defaults(func=run_gen)
-    info = actions.add_parser("info", help="print a trace's size, duration and rates",
-                              description="Print a trace's query count, duration, mean and peak rate "
-                                          "(1-s bins).")
-    info.add_argument("file", help="trace file, or '-' for stdin")
-    info.set_defaults(func=run_info)
+        added.append(p)
+    return added
+
+
+def generated(spec: str) -> Trace:
+    """The trace ``accscale trace gen SPEC`` writes, SPEC being its kind and options (e.g. ``bursty --base-qps 30
+    --variant-qps 70 --cv2 8 --duration-s 30``); a bad one is a ConfigError (argparse says why on stderr)."""
+    parser = argparse.ArgumentParser(prog="trace gen", add_help=False)
+    _add_kinds(parser)
+    try:
+        return _trace(parser.parse_args(shlex.split(spec)))
+    except SystemExit:
+        raise ConfigError(f"not a trace generator's settings: {spec!r} (`accscale trace gen --help`)") from None
 
 
 def _add_kind_options(kind: str, p: argparse.ArgumentParser) -> None:
@@ -106,12 +126,17 @@ def _add_kind_options(kind: str, p: argparse.ArgumentParser) -> None:
                    "trace length in seconds (default: the series' own length, bins x bin width)")
 
 
-def run_gen(args: argparse.Namespace) -> int:
+def _trace(args: argparse.Namespace) -> Trace:
     trace = KINDS[args.kind][1](args)
     if args.slo_ms is not None:
         trace = traces.with_slo(trace, args.slo_ms)
     if args.payloads is not None:
         trace = traces.with_payloads(trace, args.payloads, args.seed)
+    return trace
+
+
+def run_gen(args: argparse.Namespace) -> int:
+    trace = _trace(args)
     if args.out == "-":
         sys.stdout.write(trace.to_text())
     else:

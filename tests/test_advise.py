@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from loadtest.traces import gamma
+from loadtest.traces import bursty, gamma
 from scheduler_sidecar.cli import main
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.server import config
@@ -75,3 +75,17 @@ def test_advise_refuses_a_replay_it_cannot_run(tmp_path, capsys):
     (tmp_path / "rows.npz").write_bytes(b"junk")
     assert main([*common, "--replay", "1", "--data", str(tmp_path / "rows.npz"), "--triton", "127.0.0.1:1"]) == 2
     assert "rows.npz: not an .npz" in capsys.readouterr().err
+
+
+def test_advise_takes_a_trace_generators_settings(tmp_path, capsys):
+    profile, out = tmp_path / "mine.json", tmp_path / "advice"
+    _family(profile)
+    settings = "bursty --base-qps 100 --variant-qps 150 --cv2 4 --duration-s 5 --seed 2"
+    assert main(["advise", "--profile", str(profile), "--trace-gen", settings, "--slo-ms", "60", "--seeds", "1",
+                 "--policies", "slackfit,maxacc", "--out", str(out), "--json"]) == 0
+    assert {r["policy"] for r in json.loads(capsys.readouterr().out)["ranking"]} == {"slackfit", "maxacc"}
+    written = (out / "trace.txt").read_text()
+    assert written == bursty(100.0, 150.0, 4.0, 5.0, seed=2).to_text()  # as `accscale trace gen` writes it
+    assert main(["advise", "--profile", str(profile), "--trace-gen", "bursty --base-qps 1", "--slo-ms", "60",
+                 "--out", str(out)]) == 2
+    assert "not a trace generator's settings: 'bursty --base-qps 1'" in capsys.readouterr().err

@@ -13,6 +13,9 @@ refuses the profile, with the reason. The rest are ranked by mean SLO
 attainment, then mean accuracy; each figure's spread over the seeds is its min..max, and a system whose
 attainment spread overlaps the one above's is marked tied.
 
+The simulations run ``--jobs`` at a time, a process each. The traffic is a trace file, or a trace generator's
+settings (``--trace-gen``, as ``accscale trace gen`` takes them).
+
 Written to ``--out``: ``advise.csv``, ``summary.md``, ``attainment.png`` and ``advised.toml``, the winner's sidecar
 config, ready for ``accscale serve --config``.
 
@@ -25,13 +28,19 @@ beside the simulated ones, and ``live/<policy>/`` keeps each replay's request lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from loadtest.commands import generated
 from loadtest.loadtest_cli import Replay, replay, save_payloads
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError
@@ -75,8 +84,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                              "sidecar config", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", type=Path, required=True, help="the family's profile (e.g. `accscale profile triton`)")
-    p.add_argument("--trace", type=Path, required=True,
-                   help="arrivals, one 'arrival_s[,slo_ms[,payload]]' per line (`accscale trace gen` writes one)")
+    traffic = p.add_mutually_exclusive_group(required=True)
+    traffic.add_argument("--trace", type=Path,
+                         help="arrivals, one 'arrival_s[,slo_ms[,payload]]' per line (`accscale trace gen` writes one)")
+    traffic.add_argument("--trace-gen", metavar="SETTINGS",
+                         help="a trace generator's settings instead, as `accscale trace gen` takes them, e.g. "
+                              "\"bursty --base-qps 30 --variant-qps 70 --cv2 8 --duration-s 86400\" (written to "
+                              "OUT/trace.txt)")
     p.add_argument("--slo-ms", type=float, required=True, help="the SLO of trace lines without one")
     p.add_argument("--workers", type=int, default=1, help="Triton workers, one model at a time each (default: 1)")
     p.add_argument("--device", help="the profile's device kind to plan on (default: its first)")
@@ -85,6 +99,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"the simulation and given to the sidecar as overhead_us (default: {OVERHEAD_MS:g}, the "
                         "sidecar's; a replay measures it: live_unseen_p90_ms)")
     p.add_argument("--seeds", type=int, default=SEEDS, help=f"seeds of the latency noise per system (default: {SEEDS})")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="simulations run at once, a process each (default: this machine's cores)")
     p.add_argument("--policies", help="comma-separated policies to compare (default: every one that takes the profile)")
     p.add_argument("--triton", action="append", metavar="HOST:PORT",
                    help="a Triton worker's gRPC endpoint, once per worker, for the configs and --replay (default: "
@@ -100,14 +116,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.seeds < 1 or args.workers < 1 or args.replay < 0 or not args.overhead_ms >= 0:
-        raise ConfigError("--seeds and --workers must be >= 1, --replay and --overhead-ms >= 0")
+    if args.seeds < 1 or args.workers < 1 or args.jobs < 1 or args.replay < 0 or not args.overhead_ms >= 0:
+        raise ConfigError("--seeds, --workers and --jobs must be >= 1, --replay and --overhead-ms >= 0")
     tritons = args.triton or [f"127.0.0.1:{FIRST_GRPC_PORT + PORT_STEP * k}" for k in range(args.workers)]
     if len(tritons) != args.workers:
         raise ConfigError(f"--workers is {args.workers} but --triton names {len(tritons)}: one per worker")
     if args.replay and args.data is None:
         raise ConfigError("--replay sends rows of --data (an .npz of the model's input and 'labels'); give one")
     profile = Profile.load(args.profile)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.trace_gen is not None:
+        args.trace = args.out / "trace.txt"
+        generated(args.trace_gen).save(args.trace)
     arrival_us, deadline_us = load_queries(args.trace, args.slo_ms)
     if not len(arrival_us):
         raise ConfigError(f"{args.trace}: no arrivals")
@@ -119,35 +139,34 @@ def run(args: argparse.Namespace) -> int:
     planned = {s.planner.policy: s.planner.kind for s in registry if s.planner is not None}
     names = args.policies.split(",") if args.policies else list(owner)
     loads = ramsis_loads(arrival_us)
-    ranked, refused = [], {}
+    refused, runs = {}, {}
     for name in names:
-        cls = policy_class(name)
         if name in planned and name not in PLANNED:
             refused[name] = (f"routes for {planned[name]}'s planner, which plans a {PLANS[planned[name]]}: "
                              "this profile is a family of separate models")
             continue
         options = {"device": args.device, "slo_ms": args.slo_ms, "workers": args.workers, "loads": loads}
-        accepted = option_names(cls)
-        options = {k: v for k, v in options.items() if k in accepted and v is not None}
-        run_once = _planned if name in PLANNED else _unplanned
-        attainment, accuracy = [], []
-        try:
-            for seed in range(args.seeds):
-                _progress(f"{name}: seed {seed + 1} of {args.seeds}"
-                          + (" (generating its MDP policies)" if seed == 0 and "loads" in options else ""))
-                summary = run_once(name, profile, arrival_us, client_deadline_us, seed, args, options)
-                attainment.append(summary["slo_attainment"])
-                accuracy.append(summary["mean_serving_accuracy"])
-        except ConfigError as exc:
-            refused[name] = str(exc)
-            _progress(f"{name}: does not take this profile ({exc})")
+        runs[name] = {k: v for k, v in options.items() if k in option_names(policy_class(name)) and v is not None}
+    tasks = [(name, seed, options) for name, options in runs.items() for seed in range(args.seeds)]
+    _progress(f"simulating {len(runs)} policies x {args.seeds} seed(s) over {len(arrival_us)} queries, "
+              f"{min(args.jobs, len(tasks))} at a time")
+    simulate = partial(_simulate, profile=profile, arrival_us=arrival_us, deadline_us=client_deadline_us, args=args)
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(ProcessPoolExecutor(args.jobs)) if args.jobs > 1 and len(tasks) > 1 else None
+        results = list(pool.map(simulate, tasks) if pool else map(simulate, tasks))
+    ranked = []
+    for name, options in runs.items():
+        mine = [r for (task_name, _, _), r in zip(tasks, results) if task_name == name]
+        failed = next((r for r in mine if isinstance(r, str)), None)
+        if failed is not None:
+            refused[name] = failed
             continue
-        ranked.append(Ranked(owner[name], name, tuple(attainment), tuple(accuracy),
+        ranked.append(Ranked(owner[name], name, tuple(r["slo_attainment"] for r in mine),
+                             tuple(r["mean_serving_accuracy"] for r in mine),
                              {k: v for k, v in options.items() if k != "device"}, planned.get(name)))
     if not ranked:
         raise ConfigError(f"no policy takes {args.profile}: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
     ranked.sort(key=lambda r: (-r.mean_attainment, -r.mean_accuracy))
-    args.out.mkdir(parents=True, exist_ok=True)
     configs = [args.out / ("advised.toml" if k == 0 else f"rank-{k + 1}.toml") for k in range(max(1, args.replay))]
     for r, path in zip(ranked, configs):
         path.write_text(sidecar_config(r, args.profile, profile, tritons, args))
@@ -166,6 +185,22 @@ def run(args: argparse.Namespace) -> int:
         print(markdown_table(rows, list(rows[0])))
         print(f"\nadvised: {ranked[0].policy} ({ranked[0].system}); its sidecar config: {config_path}")
     return 0
+
+
+def _simulate(task: tuple[str, int, dict], *, profile: Profile, arrival_us: np.ndarray, deadline_us: np.ndarray,
+              args: argparse.Namespace) -> dict | str:
+    """One policy and seed simulated: its summary, or why the policy does not take the profile."""
+    name, seed, options = task
+    started = time.perf_counter()
+    try:
+        summary = (_planned if name in PLANNED else _unplanned)(name, profile, arrival_us, deadline_us, seed, args,
+                                                                 options)
+    except ConfigError as exc:
+        _progress(f"{name}: does not take this profile ({exc})")
+        return str(exc)
+    _progress(f"{name}: seed {seed + 1} of {args.seeds}: SLO attainment {summary['slo_attainment']:.4f} "
+              f"({time.perf_counter() - started:.1f} s)")
+    return summary
 
 
 def _unplanned(name: str, profile: Profile, arrival_us: np.ndarray, deadline_us: np.ndarray, seed: int,
