@@ -308,8 +308,9 @@ def _plot(path: Path, ranked: list[Ranked]) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     means = [r.mean_attainment for r in ranked]
-    spread = [[m - min(r.attainment) for m, r in zip(means, ranked)],
-              [max(r.attainment) - m for m, r in zip(means, ranked)]]
+    # clipped at 0: seeds that agree leave a mean a rounding error outside their min..max
+    spread = [[max(0.0, m - min(r.attainment)) for m, r in zip(means, ranked)],
+              [max(0.0, max(r.attainment) - m) for m, r in zip(means, ranked)]]
     ax.bar([r.policy for r in ranked], means, yerr=spread, capsize=3, color="tab:blue")
     ax.set_ylabel("SLO attainment (simulated)")
     ax.set_ylim(0, 1.02)
