@@ -105,8 +105,13 @@ def planner(kind: str) -> PlannerEntry:
 
 
 def routes_for_planner(policy: str) -> bool:
-    """Whether a policy serves only by a planner's plans (proteus, loki, cascade)."""
-    return any(s.planner is not None and s.planner.policy == policy for s in systems())
+    """Whether a policy serves only by a planner's plans (proteus, loki, cascade); imports the systems up to its own,
+    as policy_class does."""
+    for name in PACKAGES:
+        owner = system(name)
+        if any(p.name == policy for p in owner.policies):
+            return owner.planner is not None and owner.planner.policy == policy
+    raise ConfigError(f"unknown policy {policy!r}; choose one of {sorted(policies())}")
 
 
 def make_policy(name: str, profile: Profile, **options: object) -> Policy:
