@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -152,7 +153,10 @@ def run(args: argparse.Namespace) -> int:
               f"{min(args.jobs, len(tasks))} at a time")
     simulate = partial(_simulate, profile=profile, arrival_us=arrival_us, deadline_us=client_deadline_us, args=args)
     with contextlib.ExitStack() as stack:
-        pool = stack.enter_context(ProcessPoolExecutor(args.jobs)) if args.jobs > 1 and len(tasks) > 1 else None
+        # forkserver, not fork: a process that already holds gRPC's threads (a test, or a caller that profiled
+        # through Triton) forks children that spin in them
+        pool = (stack.enter_context(ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context(
+            "forkserver"))) if args.jobs > 1 and len(tasks) > 1 else None)
         results = list(pool.map(simulate, tasks) if pool else map(simulate, tasks))
     ranked = []
     for name, options in runs.items():
