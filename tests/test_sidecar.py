@@ -294,6 +294,8 @@ def test_policy_switch_is_guarded_and_takes_effect(sidecar, images):
     assert admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "maxacc"}, token="wrong")[0] == 403
     status, body = admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "nosuch"})
     assert status == 400 and "unknown policy" in body["error"]
+    status, body = admin(sidecar, "/v2/admin/policy", {"model": "digits", "policy": "proteus"})
+    assert status == 400 and "'proteus' routes for a planner, and none plans 'digits'" in body["error"], body
     for options, message in (({"overhead_us": -100_000_000}, "overhead_us must be"), ({"num_buckets": "x"}, "slackfit"),
                              ("fast", "'options' must be an object"), ({"policy_dir": "/etc"}, "config file")):
         policy = "ramsis" if "policy_dir" in options else "slackfit"

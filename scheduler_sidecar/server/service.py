@@ -294,17 +294,17 @@ class Sidecar:
         options = {} if options is None else options
         if not isinstance(options, dict):
             raise InvalidRequest(f"'options' must be an object, got {quote(options)}")
+        try:  # an unknown policy is refused here, as the config file's would be
+            spec = replace(next(s for s in self.config.models if s.name == name), policy=policy,
+                           policy_options=options)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
         planner = self.config.planner_of(name)
         if planner is not None and policy != planner.policy:
             raise InvalidRequest(f"the {planner.kind} planner routes for its own policy; "
                                  f"{quote(policy)} cannot serve a planned model")
         if planner is None and routes_for_planner(policy):
             raise InvalidRequest(f"{quote(policy)} routes for a planner, and none plans {quote(name)}")
-        try:
-            spec = replace(next(s for s in self.config.models if s.name == name), policy=policy,
-                           policy_options=options)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
         files = sorted(set(options) & policy_class(policy).file_options)
         if files:
             raise InvalidRequest(f"options {files} name files on the sidecar's machine; set them in its config file")
