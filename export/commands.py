@@ -116,8 +116,6 @@ def _register_operator_profiles(what: argparse._SubParsersAction) -> None:
                         "--model-control-mode=explicit; default: 0, not measured: it takes a serving model away)")
     t.add_argument("--metrics-url", help="Triton's metrics URL, for the GPU memory a load adds "
                                          "(e.g. http://127.0.0.1:8002/metrics)")
-    t.add_argument("--device-kind", default="cpu",
-                   help="the device kind these latencies are for, as the sidecar's workers name it (default: cpu)")
     t.add_argument("--accuracy", type=Path, help="CSV with columns model, version, accuracy, metric, dataset")
     t.add_argument("--data", type=Path,
                    help="a .npz of input rows by input name; with an array 'labels', accuracy is measured "
@@ -126,8 +124,7 @@ def _register_operator_profiles(what: argparse._SubParsersAction) -> None:
                                     "scores whose argmax is it (default: each model's first output)")
     t.add_argument("--shape", action="append", default=[], metavar="NAME:d1,d2",
                    help="dims (without the batch dimension) of an input whose config leaves some variable")
-    t.add_argument("--name", help="the profile's name (default: the output file's stem)")
-    t.add_argument("--out", type=Path, required=True, help="where the profile goes")
+    _add_profile_options(t, "these latencies are for")
     t.set_defaults(func=_run_triton_profile)
     i = what.add_parser("import", help="a profile from Model Analyzer's inference results (CSV)",
                         description="Reads Model Analyzer's metrics-model-inference.csv: the rows at concurrency 1 "
@@ -141,16 +138,21 @@ def _register_operator_profiles(what: argparse._SubParsersAction) -> None:
     i.add_argument("--model-config", action="append", default=[], metavar="NAME",
                    help="the configuration to take (its 'Model Config Path', e.g. resnet50_config_3); repeat per "
                         "model")
-    i.add_argument("--device-kind", default="cpu",
-                   help="the device kind Model Analyzer measured on, as the sidecar's workers name it (default: cpu)")
-    i.add_argument("--name", help="the profile's name (default: the output file's stem)")
-    i.add_argument("--out", type=Path, required=True, help="where the profile goes")
+    _add_profile_options(i, "Model Analyzer measured on")
     i.set_defaults(func=_run_import)
     v = what.add_parser("validate", help="check a profile (hand-written or measured) as the sidecar reads it",
                         description="Loads the profile as the sidecar and simulator do: every error names the "
                                     "file and the field. Then says what it holds.")
     v.add_argument("file", type=Path, help="the profile (JSON)")
     v.set_defaults(func=_run_validate)
+
+
+def _add_profile_options(p: argparse.ArgumentParser, measured: str) -> None:
+    """What an operator's profile is written as: its device kind, its name and its file."""
+    p.add_argument("--device-kind", default="cpu",
+                   help=f"the device kind {measured}, as the sidecar's workers name it (default: cpu)")
+    p.add_argument("--name", help="the profile's name (default: the output file's stem)")
+    p.add_argument("--out", type=Path, required=True, help="where the profile goes")
 
 
 def _run_triton_profile(args: argparse.Namespace) -> int:

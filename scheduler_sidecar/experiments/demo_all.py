@@ -147,11 +147,9 @@ def _loki(folder: Path) -> Model:
 
     stamp, profile, _, _ = loki_demo.build_pipeline(folder, SLO_MS["scenes"], 1.0, LOKI_INSTANCES, "small")
     frames = generate(300, "heldout", seed=21).frames
-    # admission off: Loki sheds overload itself, by dropping early per task
-    toml = (f'[[planners]]\nkind = "loki"\npipeline = "{stamp.absolute()}"\ninstances = {LOKI_INSTANCES}\n'
-            'slowdown = 1.0\nperiod_s = 5.0\nmin_demand_qps = 1.0\n'
-            + _model("scenes", profile, "loki", "latency_calibration = false\nadmission = false\n"))
-    return Model("scenes", toml, (loki_demo.BLS,), lambda i: {"FRAME": frames[i % len(frames)][None]})
+    settings = argparse.Namespace(instances=LOKI_INSTANCES, slowdown=1.0, period_s=5.0, headroom=1.0,
+                                  slo_ms=SLO_MS["scenes"])
+    return Model("scenes", loki_demo.sidecar_config(stamp, profile, settings, "scenes"), (loki_demo.BLS,), lambda i: {"FRAME": frames[i % len(frames)][None]})
 
 
 def _cascade(folder: Path, build_dir: Path) -> Model:
@@ -166,10 +164,8 @@ def _cascade(folder: Path, build_dir: Path) -> Model:
                              max_batch_size=hybridserve_demo.ROWS, instances=BLS_INSTANCES)
     profile = hybridserve_demo.cascade_profile(folder / "profile.json", family, planner.point, 1.0, CASCADE_BLS)
     images = family.images("test")[0]
-    # admission off: HybridServe serves every request
-    toml = (f'[[planners]]\nkind = "hybridserve"\nfamily = "{stamp.absolute()}"\nmode = "ap"\nprune = true\n'
-            f'instances = {CASCADE_INSTANCES}\nslowdown = 1.0\n'
-            + _model("cascade", profile, "cascade", "latency_calibration = false\nadmission = false\n"))
+    toml = hybridserve_demo.sidecar_config(stamp, profile, "ap", True, HybridServeConfig(CASCADE_INSTANCES),
+                                           SLO_MS["cascade"], "cascade")
     return Model("cascade", toml, (*family.names, CASCADE_BLS), lambda i: {"INPUT": images[i % len(images)][None]})
 
 

@@ -173,13 +173,13 @@ def write_bls(family: Family, plan: dict, instances: int = BLS_INSTANCES) -> Pat
 
 
 def sidecar_config(stamp: Path, profile: Path, mode: str, prune: bool, config: HybridServeConfig,
-                   slo_ms: float) -> str:
-    """The sidecar's config: HybridServe's planner deploying ``mode`` of the family ``stamp`` with ``config``, and
-    the cascade (``profile``) the one logical model, MODEL."""
-    return (f'[planner]\nkind = "hybridserve"\nfamily = "{stamp.absolute()}"\nmode = "{mode}"\n'
+                   slo_ms: float, model: str = MODEL) -> str:
+    """The sidecar's config: HybridServe's planner deploying ``mode`` of the family ``stamp`` with ``config`` (a
+    ``[[planners]]`` entry), and the cascade (``profile``) the logical model ``model``, its only one."""
+    return (f'[[planners]]\nkind = "hybridserve"\nfamily = "{stamp.absolute()}"\nmode = "{mode}"\n'
             f'prune = {str(prune).lower()}\ninstances = {config.instances}\nrounding = "{config.rounding}"\n'
             f'slowdown = {config.slowdown}\n'
-            f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
+            f'[[models]]\nname = "{model}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
             # admission off: the cascade's simulation (which bench fidelity compares with this deployment) has
             # none at the cascade's door, and HybridServe's paper serves every request
             f'default_slo_us = {round(slo_ms * 1000)}\nlatency_calibration = false\nadmission = false\n')

@@ -131,13 +131,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def sidecar_config(stamp: Path, profile: Path, args) -> str:
+def sidecar_config(stamp: Path, profile: Path, args, model: str = MODEL) -> str:
+    """Loki's planner over the pipeline ``stamp`` (a ``[[planners]]`` entry), and the pipeline (``profile``) the
+    logical model ``model``."""
     # admission off: Loki sheds overload itself, by early dropping per task, and its simulation (which bench
     # fidelity compares with this deployment) has no admission at the pipeline's door
-    return (f'[planner]\nkind = "loki"\npipeline = "{stamp.absolute()}"\ninstances = {args.instances}\n'
+    return (f'[[planners]]\nkind = "loki"\npipeline = "{stamp.absolute()}"\ninstances = {args.instances}\n'
             f'slowdown = {args.slowdown}\nperiod_s = {args.period_s}\nmin_demand_qps = 1.0\n'
             f'headroom = {args.headroom}\n'
-            f'[[models]]\nname = "{MODEL}"\nprofile = "{profile.absolute()}"\npolicy = "loki"\n'
+            f'[[models]]\nname = "{model}"\nprofile = "{profile.absolute()}"\npolicy = "loki"\n'
             f'default_slo_us = {round(args.slo_ms * 1000)}\nlatency_calibration = false\nadmission = false\n')
 
 
