@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test check-pythons clean
+.PHONY: demo test image test-deploy check-pythons clean
 
 $(STAMP): pyproject.toml
 	@echo "== setting up $(VENV) (first run only)"
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@# torch first, pinned: on these machines this is the CPU build; the project's torch range is then met.
 	@# --no-compile: python compiles the modules it imports when it first imports them, not all of them here
 	$(BIN)/python -m pip install --quiet --no-compile torch==2.13.0
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[cpu,test]'
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[full,cpu,test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)
@@ -27,6 +27,20 @@ PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal
+
+# the deployment images (deploy/Dockerfile) on a Debian base made from packages; BASE=python:3.11-slim (or NVIDIA's
+# Triton image) where a registry is reachable
+BASE  ?= accscale-base:bookworm
+IMAGE ?= accscale
+image:
+	@if [ "$(BASE)" = accscale-base:bookworm ]; then deploy/base-image.sh $(BASE); fi
+	docker build --network host -f deploy/Dockerfile --build-arg BASE=$(BASE) --target sidecar -t $(IMAGE)-sidecar .
+	docker build --network host -f deploy/Dockerfile --build-arg BASE=$(BASE) --target triton -t $(IMAGE)-triton .
+
+# the compose stack end to end (tests/test_deploy.py): builds the images, starts two Tritons and the sidecar, runs
+# real clients, stops a Triton; needs a docker daemon
+test-deploy: $(STAMP) image
+	$(BIN)/python -m pytest -m deploy tests/test_deploy.py
 
 # before a release: every Python that pyproject.toml promises (and pyenv has) installs and passes the fast tests
 check-pythons:

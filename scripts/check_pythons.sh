@@ -47,7 +47,7 @@ for v in $PYTHONS; do
     if ! { "$py" -m venv "$venv" &&
            "$venv/bin/python" -m pip install --quiet --upgrade pip &&
            "$venv/bin/python" -m pip install --quiet --no-compile "$TORCH" &&
-           "$venv/bin/python" -m pip install --quiet --no-compile -e '.[cpu,test]'; } >>"$log" 2>&1; then
+           "$venv/bin/python" -m pip install --quiet --no-compile -e '.[full,cpu,test]'; } >>"$log" 2>&1; then
       summary+=("FAIL $v ($full): install failed, see $log"); status=1; continue
     fi
     touch "$venv/.installed-$stamp"

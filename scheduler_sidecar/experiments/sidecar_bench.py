@@ -41,15 +41,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.experiments.deployment import deploy
 from scheduler_sidecar.experiments.perf_analyzer import ensure
 from scheduler_sidecar.processes.die_with_parent import wrap
+
+if TYPE_CHECKING:
+    import onnx
 
 MODEL = "trivial"
 IMAGE_SIZE, NUM_CLASSES = 16, 10
@@ -98,6 +100,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 
 
 def trivial_model() -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper  # lazy: onnx (the sidecar's image has none)
+
     weights = np.random.default_rng(0).normal(size=(IMAGE_SIZE * IMAGE_SIZE, NUM_CLASSES)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Flatten", ["INPUT"], ["flat"]), helper.make_node("MatMul", ["flat", "W"], ["LOGITS"])],

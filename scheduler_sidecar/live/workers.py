@@ -32,6 +32,10 @@ CHANNEL_OPTIONS = [
 ]
 # worker errors that mean the worker is gone (its batch is retried elsewhere); others are relayed
 LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN)
+# a batch's too: NOT_FOUND. The sidecar sends a batch only to a worker that has the model loaded, so the model went
+# away under it: a Triton that is stopping unloads every model before it exits (seen with `docker stop` under
+# load). Retried elsewhere; the worker is down until a health check finds the model ready again
+BATCH_LOST = (*LOST, grpc.StatusCode.NOT_FOUND)
 MODEL_CONTROL_TIMEOUT_S = 120.0  # a model load may compile or read large weights
 # what set_instances did: reloaded the model with the count, found it already so, or recorded the count for the
 # model's next load (it is not loaded)
@@ -111,9 +115,9 @@ def set_parameter(parameter: pb.InferParameter, value: object) -> None:
         parameter.string_param = value if isinstance(value, str) else json.dumps(value)
 
 
-def _worker_error(url: str, exc: grpc.aio.AioRpcError) -> WorkerError:
+def _worker_error(url: str, exc: grpc.aio.AioRpcError, lost: tuple[grpc.StatusCode, ...] = LOST) -> WorkerError:
     message = f"worker {url}: {exc.details()}"
-    if exc.code() in LOST:
+    if exc.code() in lost:
         return WorkerLost(f"{message} ({exc.code().name})")
     return WorkerFailed(message, code_from_grpc(exc.code()))
 
@@ -139,7 +143,7 @@ class TritonWorker:
         try:
             response = await self.stub.ModelInfer(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise _worker_error(self.url, exc) from exc
+            raise _worker_error(self.url, exc, BATCH_LOST) from exc
         self.answered += 1
         return split_rows(self.url, call, response)
 
