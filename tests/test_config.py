@@ -97,7 +97,9 @@ def test_several_planners_each_plan_their_models_on_their_workers_beside_unplann
     loaded = config.load(path)
     first, second = loaded.planners
     assert (first.models, first.workers, first.options, first.settings.period_s) == (("p1",), ("h:1",), {"period_s": 5.0}, 5.0)
-    assert [loaded.planner_workers(p) for p in loaded.planners] == [("h:1",), ("h:1", "h:2")]
+    # the second names no worker: it owns every one, one added while serving too
+    assert [[p.owns(url) for url in ("h:1", "h:2", "h:3")] for p in loaded.planners] == [[True, False, False],
+                                                                                         [True, True, True]]
     assert [m.name for m in loaded.unplanned] == ["s", "r"]
     assert loaded.planner_of("p2") is second and loaded.planner_of("s") is None
     # one [planner] is the same as one [[planners]] entry over every model of its policy

@@ -134,7 +134,7 @@ def test_every_container_is_healthy_and_runs_as_an_unprivileged_user(stack):
         container = stack.container(service)
         inspect = subprocess.run(["docker", "inspect", "--format", "{{.Config.User}} {{.State.Health.Status}}",
                                   container], capture_output=True, text=True, check=True).stdout.split()
-        assert inspect[0] == "accscale", service
+        assert inspect[0] == "10001:10001", service  # numeric: Kubernetes checks runAsNonRoot by it
         uid = subprocess.run(["docker", "exec", container, "id", "-u"], capture_output=True, text=True, check=True)
         assert uid.stdout.strip() == "10001", service
 

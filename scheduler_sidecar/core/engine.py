@@ -157,6 +157,7 @@ class Engine:
         self._attempts: dict[int, int] = {}  # query id -> dispatches so far (only while it is not done)
         self._wakeups: set[int] = set()  # times the executor will call wakeup()
         self._target: dict[int, frozenset[str]] = {}  # worker id -> placement still to carry out
+        self._leaving: set[int] = set()  # workers removed while running a batch: they go when it ends
         self._instances: dict[str, int] = {}  # Triton model -> the instance count a plan last set
         # query type -> (indices of its workers, None when all of them; how many of them are healthy)
         self._views: dict[str, tuple[list[int] | None, int]] = {}
@@ -206,6 +207,7 @@ class Engine:
         """A batch finished at ``clock()``; ignored if its worker was lost meanwhile."""
         if not self._release(batch):
             return
+        self._drop_left()
         now = self.clock()
         result = result or BatchResult()
         qt = self.types[batch.queries[0].type]
@@ -228,6 +230,7 @@ class Engine:
         """A batch's worker could not run it: retried if the worker was lost, else each query gets the error."""
         if not self._release(batch):
             return
+        self._drop_left()
         if isinstance(error, WorkerLost):
             self._requeue(batch.queries, error)
         else:
@@ -236,10 +239,15 @@ class Engine:
         self.step()
 
     def set_health(self, worker_id: int, healthy: bool) -> None:
-        """A worker went down (its running batch is retried elsewhere) or came back."""
-        i = self._index[worker_id]
+        """A worker went down (its running batch is retried elsewhere) or came back. A worker that has left (or is
+        leaving, see :meth:`remove_workers`) never comes back; its loss is still a loss."""
+        i = self._index.get(worker_id)
+        if i is None or (healthy and worker_id in self._leaving):
+            return
         worker = self.workers[i]
-        if worker.healthy == healthy:
+        # a leaving worker is already down; that it died matters only for the batch it was finishing
+        died_leaving = not healthy and worker_id in self._leaving and worker_id in self._running
+        if worker.healthy == healthy and not died_leaving:
             return
         self._set(i, worker, healthy=healthy, busy_until_us=None, loading_model=None, loading_until_us=None,
                   staging_model=None)
@@ -247,11 +255,47 @@ class Engine:
         batch = self._running.pop(worker_id, None)
         if batch is not None:
             self._requeue(batch.queries, WorkerLost(f"worker {worker_id} was lost while running its batch"))
+        self._drop_left()
         if not healthy:
-            for qt in self.types.values():
-                if not self._num_healthy(qt):
-                    self._fail_queued(qt, Unavailable("no healthy worker"))
+            self._fail_unserved(Unavailable("no healthy worker"))
         self.step()
+
+    def remove_workers(self, worker_ids: Iterable[int]) -> None:
+        """Workers leave the pool for good (their Triton was scaled away): none starts another batch or load, and
+        each goes once the batch it runs, if any, has ended; that batch's queries are answered as usual, or
+        retried elsewhere if it fails. So a worker drained this way loses no query."""
+        for wid in worker_ids:
+            i = self._index[wid]
+            self._set(i, self.workers[i], healthy=False, loading_model=None, loading_until_us=None,
+                      staging_model=None)
+            self._leaving.add(wid)
+        self._workers_changed()
+        self._drop_left()
+        self._fail_unserved(Unavailable("no healthy worker"))
+        self.step()
+
+    def _drop_left(self) -> None:
+        """Forget the leaving workers that run no batch any more."""
+        gone = {wid for wid in self._leaving if wid not in self._running}
+        if not gone:
+            return
+        self._leaving -= gone
+        self.workers = [w for w in self.workers if w.id not in gone]
+        self._index = {w.id: i for i, w in enumerate(self.workers)}
+        self._free = sum(w.is_free for w in self.workers)
+        for wid in gone:
+            self._target.pop(wid, None)
+        self._workers_changed()
+
+    def has_worker(self, worker_id: int) -> bool:
+        """Whether the worker is (still) in the pool: added, and not yet gone after :meth:`remove_workers`."""
+        return worker_id in self._index
+
+    def _fail_unserved(self, error: AccscaleError) -> None:
+        """End the queued queries of every type left without a healthy worker: none could serve them."""
+        for qt in self.types.values():
+            if not self._num_healthy(qt):
+                self._fail_queued(qt, error)
 
     def add_workers(self, workers: Iterable[WorkerState]) -> None:
         for w in workers:
@@ -264,8 +308,11 @@ class Engine:
         self.step()
 
     def load_done(self, worker_id: int, model: str, ok: bool = True) -> None:
-        """A load finished (or failed: the model stays absent); the worker serves again."""
-        i = self._index[worker_id]
+        """A load finished (or failed: the model stays absent); the worker serves again. Ignored for a worker that
+        has left meanwhile."""
+        i = self._index.get(worker_id)
+        if i is None:
+            return
         w = self.workers[i]
         resident = w.resident | {model} if ok and w.resident is not None else w.resident
         if w.staging_model == model:
@@ -276,9 +323,8 @@ class Engine:
         if not ok:
             log.warning("worker %d: loading %s failed", worker_id, model)
             self._target.pop(worker_id, None)  # do not retry a failed placement in a loop
-            for qt in self.types.values():  # a type left with no worker at all: its queries get an answer now
-                if not self._num_healthy(qt):
-                    self._fail_queued(qt, Unavailable(f"no healthy worker (loading {model} failed)"))
+            # a type left with no worker at all: its queries get an answer now
+            self._fail_unserved(Unavailable(f"no healthy worker (loading {model} failed)"))
         self.step()
 
     def wakeup(self) -> None:
@@ -336,7 +382,9 @@ class Engine:
         state.busy, state.plan = False, plan
         now, scope = self.clock(), planner.scope
         for wid, models in plan.placement.items():
-            if wid not in self._index or not scope.has_worker(wid):
+            if wid not in self._index:
+                continue  # it left the pool while the plan was made (remove_workers)
+            if not scope.has_worker(wid):
                 raise PolicyError(f"plan places models on worker {wid}, which its planner does not own")
             self._target[wid] = frozenset(models)
         for model, count in plan.instances.items():

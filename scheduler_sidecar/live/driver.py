@@ -242,6 +242,20 @@ class LiveDriver:
                     [WorkerState(sid, healthy=healthy, device=device, resident=resident) for sid in ids])
         return ids
 
+    def remove_worker(self, worker: Worker) -> list[int]:
+        """Take the worker's slots out of the pool (it left the deployment); returns their ids. Each finishes the
+        batch it runs (:meth:`Engine.remove_workers`): :meth:`drained` says when all have."""
+        ids = [sid for sid, slot in self.slots.items() if slot.worker is worker]
+        self._guard(self.engine.remove_workers, ids)
+        # slots of workers removed before, whose last batch has ended since: forgotten now
+        self.slots = {sid: slot for sid, slot in self.slots.items() if self.engine.has_worker(sid)}
+        return ids
+
+    async def drained(self, ids: Sequence[int], poll_s: float = 0.05) -> None:
+        """Wait until the removed slots ``ids`` run no batch any more (each ends by its deadline, plus a grace)."""
+        while any(self.engine.has_worker(sid) for sid in ids):
+            await asyncio.sleep(poll_s)
+
     def use_planner(self, planner: Planner) -> None:
         """Plan ``planner.scope`` from now on (the first plan at once, then every period and on bursts)."""
         self._guard(self.engine.add_planner, planner)
@@ -450,7 +464,7 @@ class LiveDriver:
         try:
             await asyncio.shield(shared)
         except WorkerError as exc:
-            log.warning("loading %s on %s failed: %s", model, self.slots[slot_id].label, exc)
+            log.warning("loading %s on %s failed: %s", model, worker.url, exc)
             self._guard(self.engine.load_done, slot_id, model, False)
             return
         self._guard(self.engine.load_done, slot_id, model, True)

@@ -62,8 +62,24 @@ class WorkerPool:
         log.info("worker %s ready", url)
         return worker
 
+    @property
+    def urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+    def remove(self, url: str) -> Worker:
+        """Stop checking the worker at ``url`` (it left the deployment) and return it; the caller closes it once
+        the batches it runs have ended."""
+        worker = next((w for w in self.workers if w.url == url), None)
+        if worker is None:
+            raise ValueError(f"worker {url} is not in the pool")
+        self.workers.remove(worker)
+        del self.healthy[url], self._silent[url], self._answered[url]
+        log.info("worker %s removed", url)
+        return worker
+
     def mark_down(self, worker: Worker, reason: str) -> None:
-        if self.healthy.get(worker.url):
+        # a worker removed meanwhile (or an earlier one at the same url) is none of the pool's business
+        if any(w is worker for w in self.workers) and self.healthy[worker.url]:
             log.warning("worker %s down: %s", worker.url, reason)
             self._set(worker, False)
 
@@ -86,6 +102,8 @@ class WorkerPool:
         workers = list(self.workers)
         states = await asyncio.gather(*(w.ready(self.models, self.timeout_s) for w in workers))
         for worker, health in zip(workers, states):
+            if not any(w is worker for w in self.workers):  # removed while it was being checked
+                continue
             url = worker.url
             progress, self._answered[url] = worker.answered != self._answered[url], worker.answered
             if health is Health.READY:

@@ -51,6 +51,16 @@ their own on every Triton (``examples/all.toml``)::
     workers = ["127.0.0.1:8001"]  # the Tritons it has slots on (default: every one)
 
 ``examples/`` has a config for each planner, and one with all five systems.
+
+On Kubernetes the Tritons come and go: ``[discovery]`` names a headless Service whose records are the ready Triton
+pods, followed every ``interval_s`` (``deploy/helm``). ``workers`` may then be empty; the first workers are the
+ones the name has when the sidecar starts::
+
+    [discovery]
+    service = "accscale-triton.default.svc.cluster.local"
+    port = 8001               # the pods' gRPC port
+    interval_s = 5.0
+    device = "gpu-t4"         # the pods' device kind, one of the profiles' (default: the profile's first)
 """
 
 from __future__ import annotations
@@ -129,6 +139,26 @@ class PlannerSpec:
         """The policy this planner routes for: every model's."""
         return self.entry.policy
 
+    def owns(self, url: str) -> bool:
+        """Whether it has slots on the Triton at ``url``: one it names, or any when it names none (a worker added
+        while serving, by the admin API or by discovery, included)."""
+        return not self.workers or url in self.workers
+
+
+@dataclass(frozen=True)
+class DiscoverySpec:
+    """Workers found by name: every address ``service`` resolves to, at ``port``, checked every ``interval_s``;
+    each of device kind ``device`` (default: the profile's first)."""
+
+    service: str
+    port: int = 8001
+    interval_s: float = 5.0
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.service or not 0 < self.port < 65536 or not self.interval_s > 0:
+            raise ConfigError("discovery needs a service name, a port in 1-65535 and interval_s > 0")
+
 
 @dataclass(frozen=True)
 class SidecarConfig:
@@ -148,12 +178,14 @@ class SidecarConfig:
     idle_timeout_s: float = 60.0
     worker_devices: dict[str, str] = field(default_factory=dict)  # worker url -> its device kind
     planners: tuple[PlannerSpec, ...] = ()
+    discovery: DiscoverySpec | None = None
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ConfigError("the sidecar needs at least one model (a [[models]] entry or --profile)")
-        if not self.workers:
-            raise ConfigError("the sidecar needs at least one Triton worker (workers = [...] or --triton)")
+        if not self.workers and self.discovery is None:
+            raise ConfigError("the sidecar needs at least one Triton worker (workers = [...], --triton or "
+                              "[discovery])")
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ConfigError(f"model names must be unique: {names}")
@@ -184,6 +216,9 @@ class SidecarConfig:
             stray = sorted(set(spec.workers) - set(self.workers))
             if stray:
                 raise ConfigError(f"planner {spec.kind!r} names workers that are not in workers: {stray}")
+            if spec.workers and self.discovery is not None:
+                raise ConfigError(f"planner {spec.kind!r} names its workers, and [discovery] finds them: a planner "
+                                  "beside discovery owns every worker found (one planner per shard, see README)")
             if not self.planned_models(spec):
                 raise ConfigError(f"planner {spec.kind!r} plans no model: none is served by its policy "
                                   f"{spec.policy!r}")
@@ -199,6 +234,10 @@ class SidecarConfig:
                                   f"([planner] or [[planners]])" + (" that plans it (models = [...])"
                                                                     if m.policy in planned else ""))
 
+    def device_of(self, url: str) -> str | None:
+        """The device kind of the worker at ``url``: ``worker_devices``' or discovery's; None: the profile's first."""
+        return self.worker_devices.get(url) or (self.discovery.device if self.discovery is not None else None)
+
     def planner_of(self, model: str) -> PlannerSpec | None:
         """The planner that plans ``model``; None: it is unplanned."""
         return next((spec for spec in self.planners if model in self.planned_models(spec)), None)
@@ -206,10 +245,6 @@ class SidecarConfig:
     def planned_models(self, spec: PlannerSpec) -> tuple[str, ...]:
         """The logical models ``spec`` plans."""
         return spec.models or tuple(m.name for m in self.models if m.policy == spec.policy)
-
-    def planner_workers(self, spec: PlannerSpec) -> tuple[str, ...]:
-        """The Tritons ``spec`` owns slots on."""
-        return spec.workers or self.workers
 
     @property
     def unplanned(self) -> tuple[ModelSpec, ...]:
@@ -244,6 +279,12 @@ def load(path: Path | None, **overrides: Any) -> SidecarConfig:
     if "planner" in raw and "planners" in raw:
         raise ConfigError(f"{path or 'config'}: [planner] or [[planners]], not both")
     entries = raw.pop("planners", None) or ([raw.pop("planner")] if "planner" in raw else [])
+    discovery = raw.pop("discovery", None)
+    if discovery is not None:
+        keys = {f.name for f in fields(DiscoverySpec)}
+        if not isinstance(discovery, dict) or "service" not in discovery or set(discovery) - keys:
+            raise ConfigError(f"{path or 'config'}: [discovery] needs 'service' and only keys of {sorted(keys)}")
+        discovery = DiscoverySpec(**discovery)
     planners = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "kind" not in entry:
@@ -253,5 +294,5 @@ def load(path: Path | None, **overrides: Any) -> SidecarConfig:
         if not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in listed.values()):
             raise ConfigError(f"{path or 'config'}: planners[{i}]: models and workers are lists of names")
         planners.append(PlannerSpec(entry.pop("kind"), entry, tuple(listed["models"]), tuple(listed["workers"])))
-    return SidecarConfig(models=tuple(models), planners=tuple(planners),
+    return SidecarConfig(models=tuple(models), planners=tuple(planners), discovery=discovery,
                          **{**raw, "workers": tuple(raw.get("workers", ()))})

@@ -8,7 +8,9 @@ bytes whose JSON length is in ``Inference-Header-Content-Length``; inputs carry 
 
 Admin routes (off unless the sidecar has an admin token; ``Authorization: Bearer <token>``):
 ``POST /v2/admin/policy`` ``{"model", "policy", "options"?}`` switches a model's policy in
-place; ``GET /v2/admin/workers`` lists workers; ``POST /v2/admin/workers`` ``{"url"}`` adds one.
+place; ``GET /v2/admin/workers`` lists workers; ``POST /v2/admin/workers`` ``{"url"}`` adds one;
+``DELETE /v2/admin/workers`` ``{"url"}`` drains one (no new batch goes there, its running ones finish) and forgets
+it: call it before stopping a Triton on purpose.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Routes:
         r.add_post("/v2/admin/policy", self.set_policy)
         r.add_get("/v2/admin/workers", self.list_workers)
         r.add_post("/v2/admin/workers", self.add_worker)
+        r.add_delete("/v2/admin/workers", self.remove_worker)
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_get(prefix, self.model_metadata)
             r.add_get(prefix + "/ready", self.model_ready)
@@ -177,6 +180,12 @@ class Routes:
         if not isinstance(body.get("url"), str):
             raise InvalidRequest('body must be {"url": "host:grpc_port"}')
         return web.json_response(await self.sidecar.add_worker(body["url"]))
+
+    async def remove_worker(self, request: web.Request) -> web.Response:
+        body = await self._admin_body(request)
+        if not isinstance(body.get("url"), str):
+            raise InvalidRequest('body must be {"url": "host:grpc_port"}')
+        return web.json_response(await self.sidecar.remove_worker(body["url"]))
 
 
 def _json(text: bytes, what: str) -> object:

@@ -8,6 +8,7 @@ metadata and config, readiness, the admin actions and metrics all live here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import replace
@@ -25,6 +26,7 @@ from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import Health, Worker
 from scheduler_sidecar.server.config import ModelSpec, SidecarConfig
+from scheduler_sidecar.server.discovery import Discovery, Resolver, dns_resolver
 from scheduler_sidecar.server.loop_lag import LoopLag
 from scheduler_sidecar.server.memory import trim_freed_memory
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
@@ -67,13 +69,19 @@ class Sidecar:
         self._lag_probe: asyncio.Task | None = None
         self._admin = asyncio.Lock()  # one policy switch at a time: a RAMSIS one may generate MDPs for seconds
         self._resident: dict[str, frozenset[str]] = {}  # worker url -> Triton models it had ready when added
+        self.discovery: Discovery | None = None
+        self._discoverer: asyncio.Task | None = None
 
-    async def start(self) -> None:
-        """Connect to every configured worker (they must be ready), then build the logical models."""
+    async def start(self, resolve: Resolver | None = None) -> None:
+        """Connect to every configured worker (they must be ready), or to those discovery finds (``resolve``: how,
+        by default the DNS name of ``[discovery]``), then build the logical models."""
         for url in self.config.workers:
             await self.pool.add(url, wait_s=self.config.startup_wait_s)
-        for url, kind in self.config.worker_devices.items():
-            for name in self._served_on(url):
+        if not self.config.workers:
+            await self._discover_first(resolve)
+        for url in self.pool.urls:
+            kind = self.config.device_of(url)
+            for name in self._served_on(url) if kind is not None else ():
                 profile = self.profiles[name]
                 if kind not in profile.device_kinds:
                     raise ConfigError(f"worker {url} is of device kind {kind!r}, which model {name!r}'s profile has "
@@ -98,6 +106,8 @@ class Sidecar:
         await self._warm_up()
         self.pool.on_change(self._worker_changed)
         self.pool.start()
+        if self.discovery is not None:
+            self._discoverer = asyncio.get_running_loop().create_task(self.discovery.run())
         self._trimmer = asyncio.get_running_loop().create_task(trim_freed_memory())
         self._lag_probe = asyncio.get_running_loop().create_task(self.loop_lag.run())
         self.metrics.loop_lag.set_function(lambda: self.loop_lag.us / 1e6)
@@ -129,8 +139,29 @@ class Sidecar:
                 log.warning("model %s: a warm-up request failed: %s", model.name, error)
         log.info("warmed up %s with %d request(s) each", sorted(self.models), slots)
 
+    async def _discover_first(self, resolve: Resolver | None) -> None:
+        """Add the workers discovery finds ready at start; at least one must be within ``startup_wait_s`` (the
+        others are admitted by the rounds that follow, once ready)."""
+        spec = self.config.discovery
+        assert spec is not None  # a config has workers or discovery
+        self.discovery = Discovery(resolve or dns_resolver(spec.service, spec.port),
+                                   lambda: frozenset(w.url for w in self.pool.workers), self.add_worker,
+                                   self.remove_worker, interval_s=spec.interval_s)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.config.startup_wait_s
+        while True:
+            for url in sorted((await self.discovery.lookup() or frozenset()) - set(self.pool.healthy)):
+                with contextlib.suppress(ValueError):  # not ready (yet)
+                    await self.pool.add(url)
+            if self.pool.workers:
+                return
+            if loop.time() >= give_up:
+                raise ConfigError(f"discovery: no Triton that {spec.service!r} resolves to was ready within "
+                                  f"{self.config.startup_wait_s:g} s (found: {sorted(self.discovery.found or ())})")
+            await asyncio.sleep(min(spec.interval_s, 1.0))
+
     async def close(self) -> None:
-        for task in (self._trimmer, self._lag_probe):
+        for task in (self._trimmer, self._lag_probe, self._discoverer):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -145,13 +176,13 @@ class Sidecar:
     def _served_on(self, url: str) -> list[str]:
         """The logical models served on slots of the worker at ``url``."""
         return [m.name for m in self.config.models if (spec := self.config.planner_of(m.name)) is None
-                or url in self.config.planner_workers(spec)]
+                or spec.owns(url)]
 
     async def _add_slots(self, worker: Worker) -> int:
         """The worker's slots: a group for the unplanned models, sharing the fewest instances of any of their
         Triton models, and a group per planner that has it, holding that planner's models."""
         assert self.driver is not None
-        device = self.config.worker_devices.get(worker.url)
+        device = self.config.device_of(worker.url)
         added = 0
         if self.unplanned:
             slots = await _slots(worker, tuple(sorted(self.unplanned)))
@@ -159,7 +190,7 @@ class Sidecar:
             resident = self.unplanned if self.config.planners else None
             added += len(self.driver.add_worker(worker, slots, device=device, resident=resident))
         for k, spec in enumerate(self.config.planners):
-            if worker.url not in self.config.planner_workers(spec):
+            if not spec.owns(worker.url):
                 continue
             if worker.url not in self._resident:
                 self._resident[worker.url] = await self._loaded(worker)
@@ -172,11 +203,15 @@ class Sidecar:
             slots = await _slots(worker, tuple(sorted(resident))) if bls else 1
             ids = self.driver.add_worker(worker, slots, device=device, resident=resident)
             self._owned[k].update(ids)
-            if k < len(self.planners):  # a worker added while serving: the planner owns its new slots too
-                self.planners[k].scope = replace(self.planners[k].scope, workers=frozenset(self._owned[k]))
+            self._rescope(k)  # a worker added while serving: the planner owns its new slots too
             added += len(ids)
         self.metrics.worker_healthy.labels(worker.url).set(1)
         return added
+
+    def _rescope(self, k: int) -> None:
+        """Planner ``k``, once built, plans the slots it owns now."""
+        if k < len(self.planners):
+            self.planners[k].scope = replace(self.planners[k].scope, workers=frozenset(self._owned[k]))
 
     async def _loaded(self, worker: Worker) -> frozenset[str]:
         """The Triton models of our profiles that ``worker`` has ready."""
@@ -325,6 +360,25 @@ class Sidecar:
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         return {"worker": url, "slots": await self._add_slots(worker)}
+
+    async def remove_worker(self, url: str) -> dict[str, object]:
+        """Drain the worker at ``url`` and forget it: no new batch goes there, the batches it runs finish (or are
+        retried elsewhere if it dies first), then its connection closes."""
+        assert self.driver is not None
+        try:
+            worker = self.pool.remove(url)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        ids = self.driver.remove_worker(worker)
+        for k, owned in enumerate(self._owned):
+            owned.difference_update(ids)
+            self._rescope(k)
+        self._resident.pop(url, None)
+        await self.driver.drained(ids)
+        await worker.close()
+        self.metrics.worker_healthy.remove(url)
+        log.info("worker %s drained and removed (%d slot(s))", url, len(ids))
+        return {"worker": url, "slots": len(ids)}
 
     def workers(self) -> list[dict[str, object]]:
         return [{"url": w.url, "healthy": self.pool.healthy[w.url]} for w in self.pool.workers]
