@@ -121,7 +121,15 @@ def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
                  "--placement-limit-s", "2", "--build-dir", str(build_dir),
                  "--out", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(out) == {"ap", "eo", "largest"}
+    assert set(out) == {"ap", "eo", "largest", "claims"}
+    # what this short run says of each claim (a change either way fails here until the list is updated)
+    assert {c["id"]: c["holds"] for c in out["claims"]} == {
+        "table3.eo_reaches_largest_least": True, "table4.ap_matches_largest": True,
+        "table4.eo_at_least_second_largest": True, "table5.eo_saves_most": True,
+        # Table V's 14x is energy on GPUs, with fewer partitioned giant-model replicas and several models packed
+        # per GPU; ours is compute on CPU, a few times (the authors' prototype data: 2.2x for ViT)
+        "table5.ap_saving": False,
+        "replay.ap.replicas_beat_uniform": True, "replay.eo.replicas_beat_uniform": True}
     assert out["eo"]["cost_per_request"] < out["ap"]["cost_per_request"] < out["largest"]["cost_per_request"]
     assert list(out["largest"]["share_per_model"]) == [hybridserve_family.names[-1]]
     assert out["ap"]["share_per_model"][hybridserve_family.names[0]] == 1.0

@@ -10,6 +10,27 @@ import pytest
 from scheduler_sidecar.cli import main
 from scheduler_sidecar.experiments.loki.reproduce import poisson_seconds, trace_arrivals
 from scheduler_sidecar.experiments.loki.systems import ABLATIONS, SYSTEMS
+from scheduler_sidecar.systems.loki.policy import BUDGETS
+
+# What this short run (10 s of trace, a 3-level capacity sweep, Fig. 7 over 2 s) says of each claim, and why one
+# does not hold: a change either way fails here until the list is updated.
+CLAIMS = {
+    "fig1.phase_order": True,
+    # the published profile serves about 205 frames/s on 20 workers at the top variants (the paper's cluster ~560),
+    # and a weak detector finds 2.0 cars per frame against yolov5x's 17.8, so the servable demand grows far more
+    "fig1.hardware_end_qps": False,
+    "fig1.max_gain": False,
+    "fig1.milp_time": True,
+    # under the paper's budget (1 x l) a query that waited at all overruns it, and rerouting drops what no backup
+    # takes: Loki meets no demand level of the sweep, nor most frames of the trace
+    "fig5.capacity_over_inferline": False,
+    "fig5.fewer_violations_than_proteus": False,
+    "fig5.fewest_offpeak_workers": True,  # all keep their 20 workers in 10 s: a tie
+    # a frame's crops share the detector's overrun: per-task dropping and rerouting decide crop by crop, and one
+    # crop no backup takes fails the frame; last-task dropping drops only what can no longer make it
+    **{f"fig7.{budget}.{count}_violation_order": False for budget in ("paper", "artifact", "proportional")
+       for count in ("frame", "query")},
+}
 
 
 @pytest.mark.slow
@@ -23,12 +44,14 @@ def test_reproduce_loki_writes_every_figure(tmp_path, capsys):
     phases = result["fig1"]
     assert phases["hardware_end_qps"] < phases["classifier_end_qps"] < phases["max_qps"]
     fig5 = {r["system"]: r for r in result["fig5"]}
-    assert set(SYSTEMS) < set(fig5)
-    # past hardware scaling InferLine cannot keep up at 300 frames/s; Loki scales accuracy instead
-    assert fig5["loki"]["effective_capacity_qps"] > fig5["inferline"]["effective_capacity_qps"]
-    assert fig5["inferline"]["accuracy"] >= fig5["loki"]["accuracy"]
-    assert {r["system"] for r in result["fig7"]} >= set(ABLATIONS)
-    assert "## Fig. 7" in (out / "summary.md").read_text()
+    # the three systems, Loki with the paper's headroom, and Loki under the artifact's and our budgets
+    assert set(fig5) == {*SYSTEMS, "loki (headroom 1, the paper's)", "loki (artifact budget)",
+                         "loki (proportional budget)"}
+    assert fig5["loki (proportional budget)"]["violation_ratio"] < fig5["loki"]["violation_ratio"]
+    assert {(r["system"], r["budget"]) for r in result["fig7"]} == {(s, b) for s in ABLATIONS for b in BUDGETS}
+    assert {c["id"]: c["holds"] for c in result["claims"]} == CLAIMS
+    summary = (out / "summary.md").read_text()
+    assert "## Fig. 7" in summary and all(c["statement"] in summary for c in result["claims"])
 
 
 def test_the_trace_is_scaled_into_the_artifacts_range():

@@ -24,6 +24,7 @@ from scheduler_sidecar.experiments.loki import demo as loki_demo
 from scheduler_sidecar.experiments.loki import systems
 from scheduler_sidecar.systems.loki.data import trained
 from scheduler_sidecar.systems.loki.planner import LokiConfig
+from scheduler_sidecar.systems.loki.policy import LIVE_BUDGET
 
 INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling has room
 
@@ -61,6 +62,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
     arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
     setup = systems.Setup(pipeline, workers=instances, config=LokiConfig(period_s=5.0, min_demand_qps=1.0),
+                          budget=LIVE_BUDGET,  # the live run's
                           load_ms=float(np.mean(load_ms)) if load_ms else None)
     run_ = systems.simulate(systems.SYSTEMS["loki"], setup, arrival_us, initial_demand_qps=0.0)
     met = run_.frames.met

@@ -55,7 +55,7 @@ class Setup:
     pipeline: Pipeline
     workers: int = 20  # §6.1: 20 GPU workers
     config: LokiConfig = field(default_factory=LokiConfig)
-    budget: str = "proportional"  # a task's latency budget (:mod:`.policy`)
+    budget: str = "paper"  # a task's latency budget (:mod:`.policy`): the paper's 1 x l unless a run names another
     load_ms: float | None = None  # a variant swap's load time (digest A15); None: measured where known, else 0 (the artifact's)
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
 
@@ -186,8 +186,9 @@ def _initial_per_task(pipeline: Pipeline, frames_qps: float) -> dict[str, float]
 
 
 def _proteus_config(config: LokiConfig) -> ProteusConfig:
-    """Proteus with Loki's control loop (period, EWMA), as the comparison runs both on one trace."""
-    return ProteusConfig(period_s=config.period_s, ewma_com=config.ewma_com, ewma_window_s=config.ewma_window_s)
+    """Proteus with Loki's control loop (period, EWMA) and headroom, as the comparison runs them on equal terms."""
+    return ProteusConfig(period_s=config.period_s, ewma_com=config.ewma_com, ewma_window_s=config.ewma_window_s,
+                         headroom=config.headroom)
 
 
 def metrics(run: Run, *, window_s: int = 10) -> dict[str, float]:
