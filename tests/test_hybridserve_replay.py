@@ -112,6 +112,27 @@ def test_a_tight_slo_answers_early_instead_of_missing_it(hybridserve_family, poi
     assert aware.violation_ratio < blind.violation_ratio
 
 
+# The claims of the short run below, as every build of the family gives them (two builds: this machine's cache and a
+# fresh clone's, which train different weights: AP reaches the largest model for 22.7% and 1.2% of requests).
+CLAIMS = {
+    "table3.eo_reaches_largest_least": True, "table5.eo_saves_most": True,
+    # Table V's 14x is energy on GPUs, with fewer partitioned giant-model replicas and several models packed per GPU;
+    # ours is compute on CPU: 2.5x and 7.3x in the two builds (the authors' prototype data: 2.2x for ViT)
+    "table5.ap_saving": False,
+    "replay.ap.replicas_beat_uniform": True, "replay.eo.replicas_beat_uniform": True,
+    # at a quarter of the largest model's capacity its queue is short: AP 1.7x and 3.6x, EO 2.8x and 5.3x faster
+    # on average, not the paper's 5.6x and 8.9x (its DeepSpeed baseline also partitions the giant model over GPUs)
+    "fig4.x0.25.ap_mean_speedup": False, "fig4.x0.25.eo_mean_speedup": False,
+    "fig4.x0.75.ap_mean_speedup": True, "fig4.x0.75.eo_mean_speedup": True,
+    **{f"fig4.x{f:g}.{m}_tail_within": True for f in (0.25, 0.5, 0.75) for m in ("ap", "eo")},
+}
+# claims whose outcome depends on the trained weights, measured in the two builds: AP 93.36 vs the largest 93.18
+# and 91.74 vs 91.97; EO 93.50 and 91.13 against the second largest 91.32 and 91.69; at half the largest's capacity
+# AP 2.7x and 7.1x, EO 5.2x and 10.6x faster on average
+BUILD_DEPENDENT = {"table4.ap_matches_largest", "table4.eo_at_least_second_largest", "fig4.x0.5.ap_mean_speedup",
+                   "fig4.x0.5.eo_mean_speedup"}
+
+
 def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
     from scheduler_sidecar.cli import main
 
@@ -123,17 +144,13 @@ def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) == {"ap", "eo", "largest", "claims"}
     # what this short run says of each claim (a change either way fails here until the list is updated)
-    assert {c["id"]: c["holds"] for c in out["claims"]} == {
-        "table3.eo_reaches_largest_least": True, "table4.ap_matches_largest": True,
-        "table4.eo_at_least_second_largest": True, "table5.eo_saves_most": True,
-        # Table V's 14x is energy on GPUs, with fewer partitioned giant-model replicas and several models packed
-        # per GPU; ours is compute on CPU, a few times (the authors' prototype data: 2.2x for ViT)
-        "table5.ap_saving": False,
-        "replay.ap.replicas_beat_uniform": True, "replay.eo.replicas_beat_uniform": True}
+    held = {c["id"]: c["holds"] for c in out["claims"]}
+    assert set(held) == set(CLAIMS) | BUILD_DEPENDENT
+    assert {k: held[k] for k in CLAIMS} == CLAIMS
     assert out["eo"]["cost_per_request"] < out["ap"]["cost_per_request"] < out["largest"]["cost_per_request"]
     assert list(out["largest"]["share_per_model"]) == [hybridserve_family.names[-1]]
     assert out["ap"]["share_per_model"][hybridserve_family.names[0]] == 1.0
-    for name in ("family", "modes", "pruning", "replay", "prototype"):
+    for name in ("family", "modes", "pruning", "replay", "fig4", "prototype"):
         assert (tmp_path / f"{name}.csv").exists()
     with open(tmp_path / "placement.csv") as f:  # the emulated device is sized to the family: the placement fits
         assert {r["status"] for r in csv.DictReader(f)} <= {"Optimal", "Feasible"}

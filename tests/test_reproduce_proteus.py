@@ -31,20 +31,26 @@ CLAIMS = {
     # no plan change in 10 s: the ablations that act through plans (MS, MP) cannot show; w/o AB violates most
     **{f"fig7.{load}.{claim}": False for load in ("trace", "x1.6")
        for claim in ("wo_ms_most_violations", "wo_mp_largest_drop")},
+    # Fig. 8 at SLO multiples 1 and 3 (Sommelier ties Proteus in 10 s)
+    **{f"fig8.x{k}.{claim}": True for k in (1, 3) for claim in ("fewest_violations", "smallest_drop")},
+    "fig8.proteus_steady_throughput": True,
 }
 
 
 @pytest.mark.slow
 def test_reproduce_proteus_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "proteus"
-    assert main(["reproduce", "proteus", "--seconds", "10", "--fig6-s", "2", "--out", str(out), "--json"]) == 0
+    assert main(["reproduce", "proteus", "--seconds", "10", "--fig6-s", "2", "--fig8-multiples", "1,3", "--out", str(out),
+                 "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for name in ("fig4.csv", "fig6.csv", "fig7.csv", "fig4.png", "fig6.png", "fig7.png", "summary.md"):
+    for name in ("fig4.csv", "fig6.csv", "fig7.csv", "fig8.csv", "fig4.png", "fig6.png", "fig7.png", "fig8.png",
+                 "summary.md"):
         assert (out / name).stat().st_size > 0
     fig4 = {(r["load"], r["system"]): r for r in result["fig4"]}
     assert {s for _, s in fig4} == set(SYSTEMS) and {ld for ld, _ in fig4} == {"trace", "x1.6"}
     assert {r["system"] for r in result["fig7"]} == {"proteus", *ABLATIONS}
     assert len(result["fig6"]) == 3 * len(BATCHING)
+    assert {(r["slo_multiple"], r["system"]) for r in result["fig8"]} == {(k, s) for k in (1.0, 3.0) for s in SYSTEMS}
     for load in ("trace", "x1.6"):  # the least accurate variants cost about 18 points
         assert fig4[load, "clipper-ht"]["accuracy"] < fig4[load, "proteus"]["accuracy"] - 15
         assert fig4[load, "proteus"]["late"] == 0
@@ -66,3 +72,11 @@ def test_constant_arrivals_have_the_rate_and_the_burstiness_asked_for():
         cvs[shape] = gaps.std() / gaps.mean()
     assert cvs["uniform"] < 0.01 and cvs["poisson"] == pytest.approx(1.0, abs=0.05)
     assert cvs["gamma"] == pytest.approx(1 / np.sqrt(GAMMA_SHAPE), rel=0.2)
+
+
+def test_bench_milp_times_proteus_along_its_trace_and_as_the_cluster_grows(capsys):
+    assert main(["bench", "milp", "--system", "proteus", "--seconds", "10", "--scales", "1,4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["plans"] >= 1 and 0 < out["median_solve_s"] <= out["max_solve_s"]
+    assert [g["devices"] for g in out["grid"]] == [40, 160] and all(g["solve_s"] > 0 for g in out["grid"])
+    assert {c["id"]: c["holds"] for c in out["claims"]} == {"mean_solve": True, "largest_cluster": True}

@@ -16,6 +16,9 @@ Written to --out:
   bursty trace (escalations are follow-up queries) with the planner's replicas R ∝ ρl (§V-C,
   :class:`.live.HybridServePlanner`), rounded as the paper does and balanced (:mod:`.placement`), and with the same
   instances spread uniformly;
+- ``fig4.csv``, ``fig4.png``: Fig. 4's average and 99.9th-percentile latency of AP and EO as deployed and the
+  largest model alone, each on its planned replicas of the same ``--instances``, at the same request rates: each
+  a fraction (``FIG4_LOADS``) of what the largest model alone serves at batch 1, a rule that looks at no outcome;
 - ``placement.csv``: Algorithm 3 at the replay's rate for the deployed AP and EO: replicas and their placement
   (Eqs. 2-4) onto six devices of two kinds on two servers, within memory and kernel utilisation, the least
   transfer cost;
@@ -67,10 +70,13 @@ DEVICES = tuple(placement.Device(f"{server}-{kind}", server, 256.0, speed)
 # are not. A fixed 100x did this on the machine it was chosen on (1.28x); on one 2.7x slower it offered the largest
 # 7x and AP 1.5x what the instances serve (81% of AP's requests late), and no placement fitted the devices.
 LARGEST_LOAD = 1.25
+FIG4_LOADS = (0.25, 0.5, 0.75)  # Fig. 4's rates: fractions of the largest model alone's batch-1 capacity
+TAIL_WITHIN = 0.02  # Fig. 4b: a cascade's p99.9 "within 1.2% (ViT) and 2% (T5)" of the largest model's
 PAPER = {  # Tables III-V, ViT (the family closest to ours: image classification, four sizes)
     "table3_vit_reach_largest": {"ap": 0.171, "eo": 0.049},
     "table4_vit_accuracy": {"ap": 82.5, "eo": 81.7, "largest": 82.5},
     "table5_vit_energy_saving": {"ap": 14.0, "eo": 19.2},
+    "fig4a_vit_mean_speedup": {"ap": 5.6, "eo": 8.9},  # 3420 ms (DeepSpeed) over 610 (AP) and 385 (EO)
 }
 
 
@@ -117,14 +123,18 @@ def run(args: argparse.Namespace) -> int:
     deployed = {**{mode: pruned_point(family, p, mode) for mode, p in pruned.items()}, "largest": points["largest"]}
     progress(f"replay: {args.rate_qps:g} requests/s for {args.seconds:g} s, {args.instances} instances")
     replay = [row for p in deployed.values() for row in _replay(family, p, args)]
+    progress("Fig. 4: latency at equal request rates")
+    fig4 = _fig4(family, deployed, args)
     progress("Algorithm 3: replicas and placement")
     placement = [_placement_row(family, deployed[m], args) for m in ("ap", "eo")]
     tables = {"family": _family_rows(family), "modes": [_mode_row(family, p) for p in points.values()],
-              "pruning": pruning, "replay": replay, "placement": placement, "prototype": _prototype_rows()}
+              "pruning": pruning, "replay": replay, "fig4": fig4, "placement": placement,
+              "prototype": _prototype_rows()}
     for name, rows in tables.items():
         write_rows(rows, args.out / f"{name}.csv")
     _plot(args.out / "front.png", family, result, points)
-    found = claims(family, points, replay)
+    _plot_fig4(args.out / "fig4.png", fig4)
+    found = claims(family, points, replay, fig4)
     (args.out / "summary.md").write_text(_summary(family, tables, points, found, args))
     progress(f"wrote {args.out}/summary.md")
     if args.json:
@@ -194,6 +204,26 @@ def _replay(family: Family, p: OperatingPoint, args: argparse.Namespace) -> list
     return rows
 
 
+def _fig4(family: Family, deployed: dict[str, OperatingPoint], args: argparse.Namespace) -> list[dict]:
+    """Each deployed mode on its planned replicas at each of FIG4_LOADS of the largest model alone's batch-1
+    capacity (the same rates and arrivals for all three)."""
+    capacity = args.instances / (family.costs[-1] * args.slowdown)
+    preds = family.predictions("test")
+    rows = []
+    for fraction in FIG4_LOADS:
+        rate = fraction * capacity
+        arrival_us = np.round(gamma(rate, 4.0, args.seconds, args.seed).arrival_s * 1e6).astype(np.int64)
+        for mode, p in deployed.items():
+            index = [family.names.index(m) for m in p.cascade.models]
+            run = simulate(family, p.cascade, _planned(family, p, args.instances, placement.NEAREST),
+                           preds.subset(index), arrival_us, args.slo_ms, slowdown=args.slowdown, seed=args.seed)
+            rows.append({"load_fraction": fraction, "rate_qps": round(rate, 1), "mode": mode,
+                         "mean_latency_ms": round(run.mean_latency_ms, 3),
+                         "p999_latency_ms": round(run.p999_latency_ms, 3),
+                         "violations_pct": round(100 * run.violation_ratio, 2)})
+    return rows
+
+
 def _planned(family: Family, p: OperatingPoint, instances: int, rounding: str) -> tuple[int, ...]:
     """The replicas the live planner deploys ``p`` with, one server's."""
     plan = HybridServePlanner(family, p, "cascade", HybridServeConfig(instances, rounding)).plan(0, Demand(0, 0, {}))
@@ -227,6 +257,27 @@ def _prototype_rows() -> list[dict]:
     return rows
 
 
+def _plot_fig4(path: Path, rows: list[dict]) -> None:
+    import matplotlib  # lazy: matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: matplotlib
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        for ax, key in zip(axes, ("mean_latency_ms", "p999_latency_ms")):
+            ax.plot([r["load_fraction"] for r in mine], [r[key] for r in mine], marker="o", label=mode)
+    for ax, label in zip(axes, ("average latency (ms)", "p99.9 latency (ms)")):
+        ax.set(xlabel="request rate / the largest model alone's capacity", ylabel=label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("Fig. 4: latency at equal request rates (the same instances each)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _plot(path: Path, family: Family, result: SearchResult, points: dict[str, OperatingPoint]) -> None:
     import matplotlib  # lazy: matplotlib
 
@@ -250,8 +301,8 @@ def _plot(path: Path, family: Family, result: SearchResult, points: dict[str, Op
 AP_MATCHES_POINTS = 0.1  # "AP equals the largest model's accuracy": within this many points on our test split
 
 
-def claims(family: Family, points: dict[str, OperatingPoint], replay: list[dict]) -> list[Claim]:
-    """The paper's statements of Tables III-V and §V-C, checked on this run (test split; replay rows)."""
+def claims(family: Family, points: dict[str, OperatingPoint], replay: list[dict], fig4: list[dict]) -> list[Claim]:
+    """The paper's statements of Tables III-V, §V-C and Fig. 4, checked on this run (test split; replay rows)."""
     ap, eo, largest = (points[m] for m in MODES)
     reach, saving, accuracy = (PAPER[k] for k in ("table3_vit_reach_largest", "table5_vit_energy_saving",
                                                   "table4_vit_accuracy"))
@@ -279,6 +330,19 @@ def claims(family: Family, points: dict[str, OperatingPoint], replay: list[dict]
             out.append(least(f"replay.{mode}.replicas_beat_uniform", f"replicas R ∝ ρl violate fewer SLOs than the "
                              f"same instances spread uniformly ({mode.upper()} as deployed)", "§V-C",
                              {k: rows[k] for k in ("R ∝ ρl", "uniform")}, "R ∝ ρl"))
+    for fraction in dict.fromkeys(r["load_fraction"] for r in fig4):
+        rows = {r["mode"]: r for r in fig4 if r["load_fraction"] == fraction}
+        largest_row = rows["largest"]
+        for mode in ("ap", "eo"):
+            speedup = largest_row["mean_latency_ms"] / max(rows[mode]["mean_latency_ms"], 1e-9)
+            paper = PAPER["fig4a_vit_mean_speedup"][mode]
+            out.append(at_least(f"fig4.x{fraction:g}.{mode}_mean_speedup", f"{mode.upper()}'s average latency over "
+                                f"the largest model's, divided ({fraction:g} of its capacity)",
+                                f"{paper:g}x (ViT)", speedup, paper, "x"))
+            tail = rows[mode]["p999_latency_ms"] / max(largest_row["p999_latency_ms"], 1e-9)
+            out.append(Claim(f"fig4.x{fraction:g}.{mode}_tail_within", f"{mode.upper()}'s p99.9 latency within "
+                             f"{100 * TAIL_WITHIN:g}% of the largest model's ({fraction:g} of its capacity)",
+                             "within 1.2% (ViT), 2% (T5)", f"{tail:.3f}x", tail <= 1 + TAIL_WITHIN))
     return out
 
 
@@ -318,6 +382,9 @@ def _summary(family: Family, tables: dict, points: dict[str, OperatingPoint], fo
         f"{args.rate_qps:g} requests/s mean, gamma CV² 4, {args.seconds:g} s, SLO {args.slo_ms:g} ms, models "
         f"{args.slowdown:g}x slower, {args.instances} instances)\n\n"
         + markdown_table(tables["replay"], list(tables["replay"][0])),
+        f"## Fig. 4: latency at equal request rates ({', '.join(f'{f:g}' for f in FIG4_LOADS)} of the largest model "
+        f"alone's batch-1 capacity on {args.instances} instances, models {args.slowdown:g}x slower)\n\n"
+        + markdown_table(tables["fig4"], list(tables["fig4"][0])),
         f"## Replicas and placement of AP and EO as deployed (Algorithm 3, Eqs. 2-4) at {args.rate_qps:g} requests/s, models {args.slowdown:g}x "
         "slower; 6 devices (two fast and one 3x slower on each of two servers, 256 MB each)\n\n"
         + markdown_table(tables["placement"], list(tables["placement"][0])),

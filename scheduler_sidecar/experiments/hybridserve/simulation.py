@@ -42,6 +42,8 @@ class CascadeRun:
     mean_service_ms: tuple[float, ...]  # per model: its batches' duration
     mean_batch: tuple[float, ...]  # per model: requests per batch
     latency_ms: tuple[float, float]  # p50 and p99 of answered requests, arrival to answer
+    mean_latency_ms: float  # of answered requests (Fig. 4a)
+    p999_latency_ms: float  # their 99.9th percentile (Fig. 4b)
 
 
 class Escalation:
@@ -129,4 +131,6 @@ def _summarise(esc: Escalation, result, preds: Predictions, sample: np.ndarray) 
         tuple(float(w / max(s, 1) / 1000) for w, s in zip(esc.wait_us, esc.served)),
         tuple(float(b / max(k, 1) / 1000) for b, k in zip(esc.busy_us, esc.batches)),
         tuple(float(s / max(k, 1)) for s, k in zip(esc.served, esc.batches)),
-        tuple(float(np.percentile(latency_ms, q)) if len(latency_ms) else 0.0 for q in (50, 99)))
+        tuple(float(np.percentile(latency_ms, q)) if len(latency_ms) else 0.0 for q in (50, 99)),
+        float(latency_ms.mean()) if len(latency_ms) else 0.0,
+        float(np.percentile(latency_ms, 99.9)) if len(latency_ms) else 0.0)

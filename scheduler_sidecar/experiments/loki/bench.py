@@ -22,14 +22,9 @@ from scheduler_sidecar.systems.loki.routing import Replica, most_accurate_first
 PAPER_MILP_S, PAPER_ROUTING_MS = 0.5, 0.15
 
 
-def register_bench(kinds: argparse._SubParsersAction) -> None:
-    p = kinds.add_parser("milp", help="a paper system's MILP solve times (Loki: hardware and accuracy steps)",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--system", choices=("loki",), default="loki", help="the system (default: loki)")
-    p.add_argument("--workers", type=int, default=20, help="cluster size S (default: 20, §6.1)")
-    p.add_argument("--solves", type=int, default=12, help="demands timed per step (default: 12)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=20, help="loki: cluster size S (default: 20, §6.1)")
+    p.add_argument("--solves", type=int, default=12, help="loki: demands timed per step (default: 12)")
 
 
 def run(args: argparse.Namespace) -> int:

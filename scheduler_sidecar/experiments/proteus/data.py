@@ -22,6 +22,7 @@ from scheduler_sidecar.errors import ProfileError
 DATA_DIR = PROFILES_DIR / "proteus"
 PROFILE_CSV = DATA_DIR / "proteus_profiled.csv"
 MEDIUM_NORMAL_LOAD = DATA_DIR / "medium-normal_load_counts.csv"
+FIG8_SLO_1X = DATA_DIR / "fig8_slo_1x.csv"  # each family's SLO at Fig. 8's multiple 1
 SOURCE = "UMass-LIDS/Proteus @ 6967c932, profiling/aggregate_profiled.csv (comparison purposes only)"
 # the batch sizes every variant has on every device kind (batch 16 is missing for some)
 BATCH_SIZES = (1, 2, 4, 8)
@@ -87,6 +88,12 @@ def load_counts(path: Path | str = MEDIUM_NORMAL_LOAD) -> Counts:
     if header[0] != "second" or not np.array_equal(data[:, 0], np.arange(len(data))):
         raise ProfileError(f"{path}: expected a 'second' column counting from 0")
     return Counts(tuple(header[1:]), data[:, 1:])
+
+
+def load_slo_1x(path: Path | str = FIG8_SLO_1X) -> dict[str, float]:
+    """Family -> its SLO in ms at Fig. 8's SLO multiple 1 (the artifact's medium-normal_load/1x set)."""
+    with open(path, newline="") as f:
+        return {r["family"]: float(r["slo_1x_ms"]) for r in csv.DictReader(f)}
 
 
 def arrivals(counts: Counts, slo_ms: float | Mapping[str, float] = TRACE_SLO_MS, *,

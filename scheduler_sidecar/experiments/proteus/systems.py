@@ -68,12 +68,15 @@ ABLATIONS = {s.name: s for s in (
 class Setup:
     profiles: Mapping[str, Profile]  # query type -> its family
     cluster: Mapping[str, int]  # device kind -> workers
-    slo_ms: float
+    slo_ms: float | Mapping[str, float]  # every query type's, or each one's
     config: ProteusConfig = field(default_factory=ProteusConfig)
     load_ms: float | None = None  # model load time; None: each profile's measured one where known, else 0 (the artifact's)
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
     latency_noise: str = "none"  # "tail": each batch's latency drawn between its p50 and p99 (World's)
     admission: bool = False  # refuse what the queue ahead makes infeasible, as the sidecar does by default
+
+    def slo_of(self, family: str) -> float:
+        return float(self.slo_ms) if isinstance(self.slo_ms, (int, float)) else float(self.slo_ms[family])
 
 
 @dataclass(frozen=True)
@@ -110,11 +113,11 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
     profiles = {f: setup.profiles[f] for f in families}
     allowed = None
     if system.variants == "ha":
-        allowed = {f: frozenset({most_accurate_feasible(p, setup.slo_ms, sorted(setup.cluster),
+        allowed = {f: frozenset({most_accurate_feasible(p, setup.slo_of(f), sorted(setup.cluster),
                                                         setup.config.capacity)}) for f, p in profiles.items()}
     elif system.variants == "ht":
         allowed = {f: frozenset({least_accurate(p)}) for f, p in profiles.items()}
-    slo = {f: setup.slo_ms for f in families}
+    slo = {f: setup.slo_of(f) for f in families}
     if system.planner == "infaas":
         planner: ProteusPlanner = InfaasPlanner(profiles, list(enumerate(kinds)), slo, setup.config,
                                                 initial_demand=initial_demand)
