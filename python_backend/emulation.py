@@ -8,6 +8,10 @@ profiled ones taking the next one's), or else ``f - 1`` times the median compute
 batches of that size. Either way a batch the machine happened to slow down is not slowed ``f``
 times more, and a profile's curves for that kind are the measured ones times ``f``. The sleep leaves
 the cores free, so several emulated devices share a small machine.
+
+Triton's statistics count a batch's sleep as compute. What the models really computed is the counter
+``accscale_model_compute_seconds`` (label ``model``) on Triton's metrics endpoint: each batch adds its time before
+the sleep, with or without emulation.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 SLOWDOWN_ENV = "ACCSCALE_EMULATED_SLOWDOWN"
 LATENCY_FILE = "latency.json"
 WINDOW = 32  # recent batches per size whose median sets the padding of a model with no profile
+COMPUTE_METRIC = "accscale_model_compute_seconds"
 
 
 def slowdown() -> float:
@@ -37,11 +42,21 @@ def write_latency(version_dir: Path, batch_sizes: list[int], p50_ms: list[float]
     (version_dir / LATENCY_FILE).write_text(json.dumps({"batch_sizes": batch_sizes, "p50_ms": p50_ms}))
 
 
-class Padding:
-    """Sleeps after each batch to emulate a device ``factor`` times slower (see the module docstring)."""
+def compute_counter(pb_utils, model: str):
+    """The model's ``COMPUTE_METRIC`` counter (``pb_utils``: the python backend's utilities, which hold custom
+    metrics), with its family, which must outlive it."""
+    family = pb_utils.MetricFamily(name=COMPUTE_METRIC, description="seconds the model computed, emulated sleep "
+                                   "left out", kind=pb_utils.MetricFamily.COUNTER)
+    return family, family.Metric(labels={"model": model})
 
-    def __init__(self, factor: float, version_dir: Path) -> None:
+
+class Padding:
+    """Sleeps after each batch to emulate a device ``factor`` times slower (see the module docstring), and counts
+    each batch's compute on ``counter`` (anything with ``increment(seconds)``; None: not counted)."""
+
+    def __init__(self, factor: float, version_dir: Path, counter=None) -> None:
         self.factor = factor
+        self.counter = counter
         path = version_dir / LATENCY_FILE
         profile = json.loads(path.read_text()) if path.exists() else None
         self.sizes = profile["batch_sizes"] if profile else None
@@ -50,8 +65,11 @@ class Padding:
 
     def pad(self, batch_size: int, started: float) -> None:
         """The batch of ``batch_size`` rows began computing at ``started`` (``time.perf_counter()``)."""
+        took = time.perf_counter() - started
+        if self.counter is not None:
+            self.counter.increment(took)
         if self.factor > 1:
-            time.sleep(self.delay(batch_size, time.perf_counter() - started))
+            time.sleep(self.delay(batch_size, took))
 
     def delay(self, batch_size: int, took: float) -> float:
         """Seconds to sleep after a batch of ``batch_size`` rows that computed for ``took`` seconds."""

@@ -32,7 +32,8 @@ class TritonPythonModel:
         self.outputs = [t["name"] for t in config["output"]]
         self.batching = int(config.get("max_batch_size", 0)) > 0
         try:
-            self.padding = emulation.Padding(emulation.slowdown(), version_dir)
+            self.metric_family, counter = emulation.compute_counter(pb_utils, args["model_name"])
+            self.padding = emulation.Padding(emulation.slowdown(), version_dir, counter)
         except ValueError as exc:
             raise pb_utils.TritonModelException(str(exc)) from None
 

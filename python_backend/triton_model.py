@@ -37,7 +37,8 @@ class TritonPythonModel:
         self.runner = RUNNERS[kind](version_dir, threads=int(params.get("intra_op_threads", "1")))
         self.has_control = kind == "supernet"
         try:
-            self.padding = emulation.Padding(emulation.slowdown(), version_dir)
+            self.metric_family, counter = emulation.compute_counter(pb_utils, args["model_name"])
+            self.padding = emulation.Padding(emulation.slowdown(), version_dir, counter)
         except ValueError as exc:
             raise pb_utils.TritonModelException(str(exc)) from None
         self._warm_up(config)

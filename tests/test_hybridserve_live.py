@@ -32,7 +32,9 @@ def test_the_demo_serves_cheaper_cascades_live(tmp_path, monkeypatch, hybridserv
         assert modes[mode]["models"].split() == names and pruned[-1] == names[-1] and set(pruned) <= set(names)
         assert len(modes[f"{mode}-pruned"]["instances"].split()) == len(pruned)
     cost = {m: float(r["worker_ms_per_request"]) for m, r in modes.items()}
-    assert cost["eo"] < cost["ap"] < cost["largest"]  # measured worker-seconds per request, from Triton
+    assert cost["eo"] < cost["ap"] < cost["largest"]  # compute worker-seconds per request, the models' own counter
+    # Triton's busy time includes each batch's emulated sleep; the compute the models count leaves it out
+    assert all(float(r["busy_ms_per_request"]) > float(r["worker_ms_per_request"]) > 0 for r in modes.values())
     assert {r["energy_source"] for r in modes.values()} == {CPU_MODEL}
     energy = {m: float(r["energy_mj_per_request"]) for m, r in modes.items()}
     assert energy["eo"] < energy["ap"] < energy["largest"]

@@ -12,8 +12,9 @@ models it keeps, with skip connections where they pay), in turn:
    gets them all), rounded as ``--replicas`` says, as Triton instance counts (a reload with a config override);
 2. saturation: ``--clients`` closed-loop clients send batches of 32 test images straight to Triton (the BLS, or
    the largest model alone); throughput over ``--saturate-s`` after ``--warmup-s``, and worker-seconds per request
-   from Triton's statistics (the models' busy time, their emulated sleep included, over the requests answered),
-   and energy per request. Three predictions of the throughput against the largest alone: Algorithm 1's
+   over the requests answered: busy (Triton's statistics, emulated sleep included) and compute (the models' own
+   count, sleep left out), and energy per request: the GPUs' NVML counters where the host has them, whatever the
+   emulation, else the CPU power model over the compute worker-seconds, named as such. Three predictions of the throughput against the largest alone: Algorithm 1's
    e_n / Σρe (every model at full batches), the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32
    (§V-C; :meth:`OperatingPoint.batched_cost`), both with replicas in exact proportion to the work, and the
    deployed instances' (:meth:`OperatingPoint.capacity_rps`, the busiest model's capacity);
@@ -34,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -42,6 +44,7 @@ import numpy as np
 from export.presets import DEFAULT_BUILD_DIR
 from loadtest.traces import gamma
 from python_backend.cascade import EARLY
+from python_backend.emulation import COMPUTE_METRIC
 from scheduler_sidecar.core.plan import Demand
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.experiments.deployment import Request, open_loop
@@ -111,8 +114,10 @@ def run(args: argparse.Namespace) -> int:
     args.clients = args.clients or args.bls_instances
     repo = write_bls(family, deployed["ap-pruned"].bls_plan, args.bls_instances)
     images, labels = family.images("test")
-    # an emulated device sleeps most of each batch: GPUs would read idle power, so its energy is the power model's
-    meter = nvml_meter() if args.slowdown == 1 else None
+    # the GPUs' counters wherever there are GPUs: an emulated device's sleep is read as the idle power it is
+    meter = nvml_meter()
+    if meter is None:
+        print("no GPU with an NVML energy counter here: energy is the CPU power model over compute worker-seconds")
     modes, replays = [], []
     with TritonServer(repository=repo, models=[*family.names, BLS], emulate_slowdown=args.slowdown) as triton:
         for name, mode, prune in DEPLOYMENTS:
@@ -123,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: models {' '.join(point.cascade.models)}, skip {point.cascade.skip}, instances "
                   f"{dict(planner.replicas)}")
             params = {} if mode == "largest" else {"cascade_plan": json.dumps(plan.detail.bls)}
-            measured = asyncio.run(_saturate(triton.grpc_url, planner.bls, point.cascade.models, images, params,
-                                             meter, period_s, args))
+            measured = asyncio.run(_saturate(triton.grpc_url, triton.metrics_url, planner.bls, point.cascade.models,
+                                             images, params, meter, period_s, args))
             modes.append({"mode": name, "models": " ".join(_short(m) for m in point.cascade.models),
                           "skip": point.cascade.skip, "instances": " ".join(map(str, replicas)),
                           "alg1_cost_us": round(1e6 * point.validation.cost, 3),
@@ -211,8 +216,21 @@ async def _busy_s(client, models: tuple[str, ...]) -> float:
     return busy / 1e9
 
 
-async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.ndarray, params: dict,
-                    meter: NvmlMeter | None, period_s: float, args) -> dict:
+def _compute_s(metrics_url: str, models: tuple[str, ...]) -> float:
+    """The models' compute seconds so far, emulated sleep left out: their counter on Triton's metrics endpoint."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: no proxy from the environment
+    with opener.open(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith(COMPUTE_METRIC + "{") and any(f'model="{m}"' in name for m in models):
+            total += float(value)
+    return total
+
+
+async def _saturate(url: str, metrics_url: str, target: str, models: tuple[str, ...], images: np.ndarray,
+                    params: dict, meter: NvmlMeter | None, period_s: float, args) -> dict:
     """Closed-loop clients, started one after another over the first half of ``--warmup-s``, send batches of ROWS
     images until the measured window after the warm-up has passed, then stop.
 
@@ -220,10 +238,11 @@ async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.n
     cascade's models fall idle one after another while the largest alone stays busy. The window is a whole number
     of ``period_s``, the largest model's batch time (at least one, about ``--saturate-s``): its instances run
     fixed-time batches back to back and answer in clumps, once a period each, so a window of whole periods counts
-    each of them the same number of times wherever it starts. Worker-seconds per request are the models' busy
-    time over every request of the run: nothing is in flight before the first or after the last, so each
-    request's work is counted once. Energy per request likewise: the GPUs' where ``meter`` reads them, else the
-    CPU power model's for the busy time (:mod:`~scheduler_sidecar.experiments.hybridserve.energy`)."""
+    each of them the same number of times wherever it starts. Worker-seconds per request are the models' compute
+    time (busy: Triton's, emulated sleep included) over every request of the run: nothing is in flight before the
+    first or after the last, so each request's work is counted once. Energy per request likewise: the GPUs' where
+    ``meter`` reads them, else the CPU power model's for the compute time
+    (:mod:`~scheduler_sidecar.experiments.hybridserve.energy`)."""
     import tritonclient.grpc.aio as aioclient  # lazy: tritonclient
 
     output = "LOGITS" if target in models and len(models) == 1 else "LABEL"
@@ -243,18 +262,21 @@ async def _saturate(url: str, target: str, models: tuple[str, ...], images: np.n
                 i += ROWS * args.clients
 
         window_s = period_s * max(1, round(args.saturate_s / period_s))
-        joules, busy, start = meter.joules() if meter else 0.0, await _busy_s(client, models), time.monotonic()
+        joules, busy = meter.joules() if meter else 0.0, await _busy_s(client, models)
+        compute, start = await asyncio.to_thread(_compute_s, metrics_url, models), time.monotonic()
         clients = asyncio.gather(*(loop(k) for k in range(args.clients)))
         await asyncio.sleep(args.warmup_s + window_s)
         running = False
         await clients
         busy = await _busy_s(client, models) - busy
+        compute = await asyncio.to_thread(_compute_s, metrics_url, models) - compute
         joules = meter.joules() - joules if meter else 0.0
     times = np.array(answers) - start
     in_window = np.count_nonzero((times > args.warmup_s) & (times <= args.warmup_s + window_s))
-    energy_mj, source = per_request_mj(meter, joules, busy, ROWS * len(answers))
+    energy_mj, source = per_request_mj(meter, joules, compute, ROWS * len(answers))
     return {"throughput_rps": round(ROWS * in_window / window_s, 1),
-            "worker_ms_per_request": round(1000 * busy / (ROWS * len(answers)), 4),
+            "busy_ms_per_request": round(1000 * busy / (ROWS * len(answers)), 4),
+            "worker_ms_per_request": round(1000 * compute / (ROWS * len(answers)), 4),
             "energy_mj_per_request": round(energy_mj, 3), "energy_source": source}
 
 
@@ -320,6 +342,10 @@ def _write(out: Path, modes: list[dict], replays: list[dict], args) -> None:
         f"through the sidecar: {args.rate_qps:g} requests/s (gamma, CV² 4), {args.duration_s:g} s, SLO "
         f"{args.slo_ms:g} ms.",
         "## Saturation (straight to Triton)\n\n" + markdown_table(modes, list(modes[0])),
+        "`worker_ms_per_request`: the models' compute worker-seconds per request (their own counter, emulated sleep "
+        "left out); `busy_ms_per_request`: Triton's busy time (sleep included). `energy_source` says where the "
+        "energy comes from: `nvml` (the GPUs' counters) or the CPU power model over the compute worker-seconds "
+        "(no GPU here).",
         "Predicted throughput ratios against the largest alone: `alg1` from Algorithm 1's cost (full batches "
         "everywhere), `batched` from each model's share of a batch, both as if replicas were exactly proportional "
         "to the work; `replicas` from the deployed instance counts (`capacity_rps`, the busiest model's).",
@@ -338,7 +364,7 @@ def _pruning_rows(modes: list[dict]) -> list[dict]:
     for mode in ("ap", "eo"):
         whole, pruned = by[mode], by[f"{mode}-pruned"]
         rows.append({"mode": mode, **{k: f"{whole[k]} -> {pruned[k]}" for k in (
-            "models", "skip", "instances", "alg1_cost_us", "batched_cost_us", "worker_ms_per_request",
+            "models", "skip", "instances", "alg1_cost_us", "batched_cost_us", "busy_ms_per_request", "worker_ms_per_request",
             "capacity_rps", "throughput_rps")},
             "throughput_pruned_over_whole": round(pruned["throughput_rps"] / whole["throughput_rps"], 2)})
     return rows
