@@ -30,6 +30,10 @@ CLAIMS = {
     # crop no backup takes fails the frame; last-task dropping drops only what can no longer make it
     **{f"fig7.{budget}.{count}_violation_order": False for budget in ("paper", "artifact", "proportional")
        for count in ("frame", "query")},
+    # Fig. 8 at 200 and 400 ms, under the paper's budget: Loki drops about 96% of the frames at both, so violations
+    # fall only by a hair and the accuracy of what it serves does not follow the SLO
+    "fig8.violations_fall": True,
+    "fig8.drop_falls": False,
 }
 
 
@@ -37,9 +41,11 @@ CLAIMS = {
 def test_reproduce_loki_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "loki"
     assert main(["reproduce", "loki", "--seconds", "10", "--fig1-step", "150", "--capacity-s", "4",
-                 "--levels", "40,150,300", "--fig7-s", "2", "--fig7-seeds", "1", "--out", str(out), "--json"]) == 0
+                 "--levels", "40,150,300", "--fig7-s", "2", "--fig7-seeds", "1", "--fig8-slos", "200,400", "--out", str(out),
+                 "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for name in ("fig1.csv", "fig5.csv", "fig7.csv", "fig1.png", "fig5.png", "fig7.png", "summary.md"):
+    for name in ("fig1.csv", "fig5.csv", "fig7.csv", "fig8.csv", "fig1.png", "fig5.png", "fig7.png", "fig8.png",
+                 "summary.md"):
         assert (out / name).stat().st_size > 0
     phases = result["fig1"]
     assert phases["hardware_end_qps"] < phases["classifier_end_qps"] < phases["max_qps"]
