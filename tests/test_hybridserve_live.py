@@ -20,7 +20,7 @@ def test_the_demo_serves_cheaper_cascades_live(tmp_path, monkeypatch, hybridserv
     out = tmp_path / "demo"
     # 8 BLS and 8 model instances, not the demo's 64 and 16: every Triton load and sidecar warm-up costs a process
     # start per instance; the shapes asserted hold at either size
-    assert main(["demo", "hybridserve", "--bls-instances", "8", "--instances", "8", "--warmup-s", "3", "--saturate-s", "6",
+    assert main(["demo", "hybridserve", "--bls-instances", "8", "--instances", "8", "--warmup-s", "3", "--saturate-s", "4",
                  "--duration-s", "3",
                  "--rate-qps", "200", "--build-dir", str(hybridserve_family.folder.parent), "--out", str(out)]) == 0
     with open(out / "modes.csv") as f:
