@@ -29,6 +29,7 @@ from loadtest.loadtest_cli import loadtest
 from loadtest.requestlog import RequestLog
 from loadtest.traces import constant, with_slo
 from scheduler_sidecar.processes.triton_launcher import free_port
+from tests.test_sidecar import grpc_input
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
@@ -113,12 +114,6 @@ def stack(fast_build):
 @pytest.fixture(scope="module")
 def images(fast_build) -> np.ndarray:
     return data.load(fast_build.act.spec.image_size)["heldout"].images[:24]
-
-
-def grpc_input(x: np.ndarray) -> grpcclient.InferInput:
-    tensor = grpcclient.InferInput("INPUT", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
-    return tensor
 
 
 def healthy(stack: Stack, url: str) -> float:

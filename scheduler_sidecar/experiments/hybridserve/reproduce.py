@@ -47,6 +47,7 @@ from scheduler_sidecar.experiments.claims import Claim, at_least, least, table
 from scheduler_sidecar.experiments.hybridserve import prototype
 from scheduler_sidecar.experiments.hybridserve.energy import cpu_energy_j
 from scheduler_sidecar.experiments.hybridserve.simulation import simulate
+from scheduler_sidecar.experiments.plots import line_panels
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.hybridserve import placement
 from scheduler_sidecar.systems.hybridserve.cascade import energy_benefit
@@ -258,24 +259,10 @@ def _prototype_rows() -> list[dict]:
 
 
 def _plot_fig4(path: Path, rows: list[dict]) -> None:
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        mine = [r for r in rows if r["mode"] == mode]
-        for ax, key in zip(axes, ("mean_latency_ms", "p999_latency_ms")):
-            ax.plot([r["load_fraction"] for r in mine], [r[key] for r in mine], marker="o", label=mode)
-    for ax, label in zip(axes, ("average latency (ms)", "p99.9 latency (ms)")):
-        ax.set(xlabel="request rate / the largest model alone's capacity", ylabel=label)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("Fig. 4: latency at equal request rates (the same instances each)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    line_panels(path, rows, "load_fraction", [("mean_latency_ms", "average latency (ms)"),
+                                              ("p999_latency_ms", "p99.9 latency (ms)")],
+                xlabel="request rate / the largest model alone's capacity", series="mode",
+                title="Fig. 4: latency at equal request rates (the same instances each)")
 
 
 def _plot(path: Path, family: Family, result: SearchResult, points: dict[str, OperatingPoint]) -> None:

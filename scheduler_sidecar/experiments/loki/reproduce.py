@@ -50,6 +50,7 @@ from scheduler_sidecar.experiments.loki.systems import (
     windows,
     workers_used,
 )
+from scheduler_sidecar.experiments.plots import line_panels
 from scheduler_sidecar.experiments.proteus.data import load_counts
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.loki import milp
@@ -387,22 +388,10 @@ def claims(phases: dict, fig5: list[dict], fig7: list[dict], fig8: list[dict]) -
 
 
 def _plot_fig8(path: Path, rows: list[dict]) -> None:
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    x = [r["slo_ms"] for r in rows]
-    for ax, key, label in zip(axes, ("accuracy", "max_accuracy_drop", "violation_ratio"),
-                              ("system accuracy (%)", "maximum accuracy drop (points)", "SLO violation ratio")):
-        ax.plot(x, [r[key] for r in rows], marker="o")
-        ax.set(xlabel="end-to-end SLO (ms)", ylabel=label)
-        ax.grid(alpha=0.3)
-    fig.suptitle("Fig. 8: Loki's SLO sensitivity (traffic analysis, the Fig. 5 trace)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    line_panels(path, rows, "slo_ms", [("accuracy", "system accuracy (%)"),
+                                       ("max_accuracy_drop", "maximum accuracy drop (points)"),
+                                       ("violation_ratio", "SLO violation ratio")],
+                xlabel="end-to-end SLO (ms)", title="Fig. 8: Loki's SLO sensitivity (traffic analysis, the Fig. 5 trace)")
 
 
 def _summary(fig1: list[dict], phases: dict, fig5: list[dict], fig7: list[dict], fig8: list[dict],

@@ -37,6 +37,7 @@ import numpy as np
 from scheduler_sidecar.core.records import Outcome
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.claims import Claim, at_least, in_order, least, table
+from scheduler_sidecar.experiments.plots import line_panels
 from scheduler_sidecar.experiments.proteus.data import (
     PAPER_CLUSTER,
     TRACE_SLO_MS,
@@ -300,25 +301,11 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
 
 
 def _plot_fig8(path: Path, rows: list[dict]) -> None:
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
-
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for system in dict.fromkeys(r["system"] for r in rows):
-        mine = [r for r in rows if r["system"] == system]
-        x = [r["slo_multiple"] for r in mine]
-        for ax, key in zip(axes, ("violation_ratio", "max_accuracy_drop", "throughput_qps")):
-            ax.plot(x, [r[key] for r in mine], marker="o", label=system)
-    for ax, label in zip(axes, ("SLO violation ratio", "maximum accuracy drop (%)", "throughput (met q/s)")):
-        ax.set(xlabel="SLO multiple", ylabel=label)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Fig. 8: SLO sensitivity (medium-normal_load, each family's 1x SLO times the multiple)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    line_panels(path, rows, "slo_multiple", [("violation_ratio", "SLO violation ratio"),
+                                             ("max_accuracy_drop", "maximum accuracy drop (%)"),
+                                             ("throughput_qps", "throughput (met q/s)")],
+                xlabel="SLO multiple", series="system",
+                title="Fig. 8: SLO sensitivity (medium-normal_load, each family's 1x SLO times the multiple)")
 
 
 def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict], found: list[Claim],

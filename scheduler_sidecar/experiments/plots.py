@@ -1,0 +1,32 @@
+"""Line plots the reproductions share: one panel per metric, one line per system, against a swept setting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def line_panels(path: Path, rows: Sequence[dict], x: str, panels: Sequence[tuple[str, str]], *, xlabel: str,
+                title: str, series: str | None = None) -> None:
+    """A panel per ``(key, label)`` of ``panels``: ``key`` against ``x``, a line per value of ``series`` (one line
+    when None), the legend on the first panel."""
+    import matplotlib  # lazy: matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: matplotlib
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
+    names = list(dict.fromkeys(r[series] for r in rows)) if series else [None]
+    for name in names:
+        mine = [r for r in rows if series is None or r[series] == name]
+        for ax, (key, _) in zip(axes[0], panels):
+            ax.plot([r[x] for r in mine], [r[key] for r in mine], marker="o", label=name)
+    for ax, (_, label) in zip(axes[0], panels):
+        ax.set(xlabel=xlabel, ylabel=label)
+        ax.grid(alpha=0.3)
+    if series:
+        axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
