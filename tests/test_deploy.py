@@ -82,7 +82,9 @@ class Stack:
         return self("ps", "-q", service).stdout.strip()
 
     def wait_ready(self) -> None:
-        """Until the sidecar answers ready (it starts once both Tritons' health checks pass)."""
+        """Until the sidecar answers ready (it starts once both Tritons' health checks pass). Containers start on
+        the wall clock, outside the test's control, so this polls them once a second, as the Triton launcher polls
+        its server; no assertion rests on how long it takes."""
         give_up = time.monotonic() + READY_TIMEOUT_S
         with httpclient.InferenceServerClient(self.url("SIDECAR", "HTTP")) as client:
             while time.monotonic() < give_up:
