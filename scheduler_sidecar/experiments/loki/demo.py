@@ -13,7 +13,9 @@ each batch of frames to the BLS with the plan's tables and each frame's time in 
 scenes, sent with ``tritonclient`` (gRPC, open loop, Poisson) at ``--base-qps``, ``--burst-qps`` in the middle
 third. Per window: frames sent, served within the SLO, answered as dropped, late, refused; the share of the
 objects in the frames found and labelled right; the instances of the newest plan that served a frame sent in
-the window, and the stage-model instances Triton had loaded at its end; which detector served; crops rerouted.
+the window, and the stage-model instances Triton had loaded at its end; the share of stage runs (the detector's
+and each crop's classifier's) on their task's most accurate variant, which accuracy scaling lowers; which detector
+served; crops rerouted.
 Written to --out: ``windows.csv`` and ``summary.md``.
 
 What the plans do not see: the BLS model runs a batch's stages one after the other, so its own instances
@@ -45,7 +47,6 @@ from scheduler_sidecar.systems.loki.data import trained
 from scheduler_sidecar.systems.loki.live import LivePlanner
 from scheduler_sidecar.systems.loki.planner import LokiConfig
 
-WINDOW_S = 5.0
 MODEL = "scenes"  # the logical model clients call
 BLS = "loki_pipeline"
 BLS_INSTANCES = 4  # frame batches in flight (the sidecar's slots): the burst's 2 detector instances stay busy while
@@ -60,6 +61,7 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.add_argument("--base-qps", type=float, default=10.0, help="frames per second (default: 10)")
     p.add_argument("--burst-qps", type=float, default=150.0,
                    help="frames per second in the middle third (default: 150)")
+    p.add_argument("--window-s", type=float, default=5.0, help="the reported windows' length (default: 5)")
     p.add_argument("--slo-ms", type=float, default=200.0, help="every frame's SLO (default: 200)")
     p.add_argument("--slowdown", type=float,
                    help="the emulated device: stage models run this many times slower (default: slow enough that "
@@ -125,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
                 config_path=out / "sidecar.toml") as d:
         (triton,), sidecar = d.tritons, d.sidecar
         print(f"sidecar at {sidecar.grpc_url}, Triton at {triton.grpc_url} (x{args.slowdown:g})")
-        rows = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, args))
+        best = {v.id for t in trained(stamp).tasks for v in t.variants if v.accuracy == t.variants[0].accuracy}
+        rows = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, best, args))
         (out / "sidecar.log").write_text(sidecar.log_path.read_text())
     write(out, rows, args)
     return 0
@@ -192,25 +195,25 @@ def arrivals(args) -> np.ndarray:
     return np.array(out)
 
 
-async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict]:
+async def drive(url: str, triton_url: str, models: list[str], best: set[str], args) -> list[dict]:
     """Send the frames to the sidecar at ``url``; per window, what came back, and what the Triton at
-    ``triton_url`` had loaded at its end."""
+    ``triton_url`` had loaded at its end. ``best``: each task's most accurate variants."""
     import tritonclient.grpc.aio as aioclient  # gRPC: not for `accscale --help`
 
     loaded: dict[int, int] = {}  # window -> the stage-model instances Triton had loaded at its end
     async with aioclient.InferenceServerClient(triton_url) as triton:
         async def sample(window: int) -> None:
-            await asyncio.sleep(max(0.0, begin + (window + 1) * WINDOW_S - time.monotonic()))
+            await asyncio.sleep(max(0.0, begin + (window + 1) * args.window_s - time.monotonic()))
             loaded[window] = await loaded_instances(triton, models)
 
         begin = time.monotonic()
         frames, *_ = await asyncio.gather(send(url, arrivals(args), models, args.slo_ms),
-                                          *(sample(w) for w in range(math.ceil(args.duration_s / WINDOW_S))))
+                                          *(sample(w) for w in range(math.ceil(args.duration_s / args.window_s))))
     stats: dict[int, Counter] = defaultdict(Counter)
     detectors: dict[int, Counter] = defaultdict(Counter)
     plans: dict[int, tuple[int, int]] = {}  # window -> (the newest plan that served a frame, its instances)
     for f in frames:
-        window = int(f.sent_s // WINDOW_S)
+        window = int(f.sent_s // args.window_s)
         s = stats[window]
         s["sent"] += 1
         if f.answer is None:
@@ -219,6 +222,9 @@ async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict
         s["objects"] += f.objects
         s["right"] += f.right
         s["rerouted"] += sum(o["outcome"] == "rerouted" for o in f.answer["objects"])
+        runs = [m for m in (f.answer["detector"], *(o["model"] for o in f.answer["objects"])) if m]
+        s["runs"] += len(runs)
+        s["best"] += sum(m in best for m in runs)
         detectors[window][f.answer["detector"]] += 1
         plans[window] = max(plans.get(window, (-1, 0)), (f.answer["plan"], f.answer["instances"]))
         if f.answer["status"] == "dropped":
@@ -229,10 +235,11 @@ async def drive(url: str, triton_url: str, models: list[str], args) -> list[dict
             s["met"] += 1
     rows = []
     for w, s in sorted(stats.items()):
-        rows.append({"window_s": w * WINDOW_S, "sent": s["sent"], "met": s["met"], "dropped": s["dropped"],
+        rows.append({"window_s": w * args.window_s, "sent": s["sent"], "met": s["met"], "dropped": s["dropped"],
                      "late": s["late"], "refused": s["refused"],
                      "objects_right_pct": round(100 * s["right"] / s["objects"], 1) if s["objects"] else "",
                      "instances": plans[w][1] if w in plans else "", "loaded": loaded.get(w, ""),
+                     "best_pct": round(100 * s["best"] / s["runs"], 1) if s["runs"] else "",
                      "rerouted": s["rerouted"],
                      "detectors": " ".join(f"{d.removeprefix('loki_detect_')}:{n}"
                                            for d, n in detectors[w].most_common())})
