@@ -119,7 +119,9 @@ CLAIMS = {
     # Table V's 14x is energy on GPUs, with fewer partitioned giant-model replicas and several models packed per GPU;
     # ours is compute on CPU: 2.5x and 7.3x in the two builds (the authors' prototype data: 2.2x for ViT)
     "table5.ap_saving": False,
-    "replay.ap.replicas_beat_uniform": True, "replay.eo.replicas_beat_uniform": True,
+    # EO's replicas R ∝ ρl: no violation up to the planned capacity, the uniform spread 6.41% and 16.91% (summed
+    # over the loads) in the two builds
+    "replay.eo.replicas_beat_uniform": True, "replay.eo.balanced_beat_uniform": True,
     # at a quarter of the largest model's capacity its queue is short: AP 1.7x and 3.6x, EO 2.8x and 5.3x faster
     # on average, not the paper's 5.6x and 8.9x (its DeepSpeed baseline also partitions the giant model over GPUs)
     "fig4.x0.25.ap_mean_speedup": False, "fig4.x0.25.eo_mean_speedup": False,
@@ -128,9 +130,10 @@ CLAIMS = {
 }
 # claims whose outcome depends on the trained weights, measured in the two builds: AP 93.36 vs the largest 93.18
 # and 91.74 vs 91.97; EO 93.50 and 91.13 against the second largest 91.32 and 91.69; at half the largest's capacity
-# AP 2.7x and 7.1x, EO 5.2x and 10.6x faster on average
+# AP 2.7x and 7.1x, EO 5.2x and 10.6x faster on average; AP's replicas R ∝ ρl (either rounding) against uniform
+# ones, 0.00 vs 4.15 and 0.00 vs 0.00 (the fresh build's AP is light enough that neither violates up to capacity)
 BUILD_DEPENDENT = {"table4.ap_matches_largest", "table4.eo_at_least_second_largest", "fig4.x0.5.ap_mean_speedup",
-                   "fig4.x0.5.eo_mean_speedup"}
+                   "fig4.x0.5.eo_mean_speedup", "replay.ap.replicas_beat_uniform", "replay.ap.balanced_beat_uniform"}
 
 
 def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
