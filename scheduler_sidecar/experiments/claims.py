@@ -38,10 +38,13 @@ def order_text(values: Mapping[str, float], *, descending: bool = False, digits:
 
 
 def least(id: str, statement: str, paper: str, values: Mapping[str, float], expected: str, *,
-          most: bool = False) -> Claim:
-    """``expected`` has the smallest value (the largest with ``most``); a tie with it counts as holding."""
+          most: bool = False, strict: bool = False) -> Claim:
+    """``expected`` has the smallest value (the largest with ``most``); a tie with it counts as holding, unless
+    ``strict`` (for a claim that a tie, such as every system at 0 violations, does not show)."""
     best = max(values.values()) if most else min(values.values())
-    return Claim(id, statement, paper, order_text(values, descending=most), values[expected] == best)
+    others = [v for name, v in values.items() if name != expected]
+    holds = values[expected] == best and not (strict and best in others)
+    return Claim(id, statement, paper, order_text(values, descending=most), holds)
 
 
 def in_order(id: str, statement: str, paper: str, values: Mapping[str, float], expected: Sequence[str], *,

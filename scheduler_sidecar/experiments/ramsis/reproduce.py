@@ -271,7 +271,8 @@ def claims(rows: list[dict]) -> list[Claim]:
     if ok:
         out.append(least("fewest_violations", "RAMSIS violates least (mean over the worker counts where all three "
                          "keep violations < 5%)", " < ".join(f"{x} {PAPER['violation_pct'][x]:g}%" for x in METHODS),
-                         {x: float(np.mean([m[x][w]["violation_rate"] for w in ok])) for x in METHODS}, "ramsis"))
+                         {x: float(np.mean([m[x][w]["violation_rate"] for w in ok])) for x in METHODS}, "ramsis",
+                         strict=True))
     return out
 
 
