@@ -90,7 +90,7 @@ def register(papers: argparse._SubParsersAction) -> None:
     p = papers.add_parser("hybridserve", help="HybridServe Tables III-V: a cascade of four CNNs trained here",
                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--instances", type=int, default=8, help="instance budget of the replay (default: 8)")
-    p.add_argument("--seconds", type=float, default=20.0, help="each replay's length (default: 20)")
+    p.add_argument("--seconds", type=float, default=10.0, help="each replay's length (default: 10)")
     p.add_argument("--slo-ms", type=float, default=150.0, help="every request's SLO in the replay (default: 150)")
     p.add_argument("--slowdown", type=float,
                    help="model latency in the replay and the placement, times the measured: an emulated slower device "

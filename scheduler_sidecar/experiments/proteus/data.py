@@ -22,6 +22,7 @@ from scheduler_sidecar.errors import ProfileError
 DATA_DIR = PROFILES_DIR / "proteus"
 PROFILE_CSV = DATA_DIR / "proteus_profiled.csv"
 MEDIUM_NORMAL_LOAD = DATA_DIR / "medium-normal_load_counts.csv"
+BURSTY = DATA_DIR / "zipf_exponential_bursty_counts.csv"  # Fig. 5 (§6.3)
 FIG8_SLO_1X = DATA_DIR / "fig8_slo_1x.csv"  # each family's SLO at Fig. 8's multiple 1
 SOURCE = "UMass-LIDS/Proteus @ 6967c932, profiling/aggregate_profiled.csv (comparison purposes only)"
 # the batch sizes every variant has on every device kind (batch 16 is missing for some)

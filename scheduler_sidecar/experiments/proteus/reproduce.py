@@ -1,4 +1,4 @@
-"""``accscale reproduce proteus``: Proteus §6.2 (Fig. 4), §6.4 (Fig. 6), §6.5 (Fig. 7) and §6.6 (Fig. 8) in
+"""``accscale reproduce proteus``: Proteus §6.2 (Fig. 4), §6.3 (Fig. 5), §6.4 (Fig. 6), §6.5 (Fig. 7) and §6.6 (Fig. 8) in
 simulation.
 
 The authors' profile (9 families, CPU / Pascal / Ampere, imported) on the paper's cluster of 20
@@ -11,10 +11,11 @@ CPUs, 10 Pascal and 10 Ampere workers, SLO 300 ms. Written to --out:
 - ``fig6.csv``, ``fig6.png``: batching alone: Proteus' plans, each batching strategy, at a
   constant ``--fig6-qps`` with uniform, Poisson and Gamma (shape 0.05) inter-arrivals.
 - ``fig7.csv``, ``fig7.png``: the ablation (w/o MS, MP, AB, QA) on both loads.
+- ``fig5.csv``, ``fig5.png``: every system on the bursty trace (zipf_exponential_bursty, §6.3: about 150 q/s with
+  three bursts near 1,100), and Proteus with the artifact's settings for that trace (``ARTIFACT_BURSTY``):
+  violations, accuracy and maximum drop overall and per burst, and over time.
 - ``fig8.csv``, ``fig8.png``: every system on medium-normal_load at each SLO multiple of ``--fig8-multiples``
   (1 to 3.5): each family's SLO is its 1x SLO in the artifact's Fig. 8 traces times the multiple.
-  Fig. 5 (the bursty trace, zipf_exponential_bursty) is not reproduced yet: its per-second counts are in the
-  authors' artifact but not imported here (summary.md says so).
 - ``summary.md``: the paper's claims checked on this run (:func:`claims`; ``--json`` carries them too), then the
   tables.
 
@@ -39,6 +40,7 @@ from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.claims import Claim, at_least, in_order, least, table
 from scheduler_sidecar.experiments.plots import line_panels
 from scheduler_sidecar.experiments.proteus.data import (
+    BURSTY,
     PAPER_CLUSTER,
     TRACE_SLO_MS,
     Counts,
@@ -68,12 +70,17 @@ PAPER = {  # numbers stated in the text (no number is read off a plot)
     "fig4_violations_over_proteus": {"infaas-accuracy": 4.3, "sommelier": 2.8, "clipper-ha": 10.0},
     "fig4_throughput_over_clipper_ha": 1.6,
 }
+# the artifact's settings on the bursty trace: EWMA centre of mass 0.7 (1.6 on the Twitter traces) and its 10 s
+# period; its 2 s period while any of the last 10 seconds exceeds 200 q/s is left to the burst trigger, which
+# re-plans within 2 s of a burst in both variants
+ARTIFACT_BURSTY = {"ewma_com": 0.7, "period_s": 10.0}
+BURST_FACTOR = 2.0  # Fig. 5's bursts: the seconds above this x the trace's median rate (a rule on the data)
 UNIFORM_FINE = 0.01  # "all fine on uniform": every strategy's violations at most this
 STEADY = 0.10  # Fig. 8: Proteus' throughput "the same across all values of SLO": within this fraction
 
 
 def register(papers: argparse._SubParsersAction) -> None:
-    p = papers.add_parser("proteus", help="Proteus Figs. 4, 6, 7: the authors' profile and medium-normal_load",
+    p = papers.add_parser("proteus", help="Proteus Figs. 4-8: the authors' profile, medium-normal_load and the bursty trace",
                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--period-s", type=float, default=30.0, help="re-planning period (default: 30, §6.1.5)")
     p.add_argument("--overload", type=float, default=1.6, help="the second load: counts x this (default: 1.6)")
@@ -117,21 +124,65 @@ def run(args: argparse.Namespace) -> int:
                 fig7.append(row)
             if system.name in SYSTEMS:
                 timelines[load, system.name] = _timeline(r)
+    bursty = load_counts(BURSTY)
+    if args.seconds:
+        bursty = Counts(bursty.families, bursty.per_second[:args.seconds])
+    fig5, fig5_timelines = bursty_trace(setup, bursty, args.seed, progress)
     fig6 = batching_comparison(setup, counts.mean_mix(), args.fig6_qps, args.fig6_s, args.seed, progress)
     fig8 = slo_sweep(setup, counts, args.fig8_multiples, args.seed, progress)
     write_rows(fig4, out / "fig4.csv")
+    write_rows(fig5, out / "fig5.csv")
     write_rows(fig6, out / "fig6.csv")
     write_rows(fig7, out / "fig7.csv")
     write_rows(fig8, out / "fig8.csv")
     _plot(out, fig4, fig6, fig7, timelines)
     _plot_fig8(out / "fig8.png", fig8)
-    found = claims(fig4, fig6, fig7, fig8)
-    (out / "summary.md").write_text(_summary(fig4, fig6, fig7, fig8, found, args))
-    progress(f"wrote {out}/summary.md, fig4/6/7/8 .csv and .png")
+    _plot_fig5(out / "fig5.png", fig5_timelines, bursty)
+    found = claims(fig4, fig6, fig7, fig8, fig5)
+    (out / "summary.md").write_text(_summary(fig4, fig6, fig7, fig8, fig5, found, args))
+    progress(f"wrote {out}/summary.md, fig4/5/6/7/8 .csv and .png")
     if args.json:
-        print(json.dumps({"fig4": fig4, "fig6": fig6, "fig7": fig7, "fig8": fig8,
+        print(json.dumps({"fig4": fig4, "fig5": fig5, "fig6": fig6, "fig7": fig7, "fig8": fig8,
                           "claims": [c.as_dict() for c in found]}))
     return 0
+
+
+def bursts(counts: Counts) -> list[tuple[int, int]]:
+    """The trace's bursts, [first, last + 1) seconds: runs of seconds above BURST_FACTOR x its median rate."""
+    total = counts.per_second.sum(axis=1)
+    high = np.flatnonzero(total > BURST_FACTOR * np.median(total))
+    if not len(high):
+        return []
+    breaks = np.flatnonzero(np.diff(high) > 1)
+    starts, ends = np.r_[high[0], high[breaks + 1]], np.r_[high[breaks], high[-1]] + 1
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def bursty_trace(setup: Setup, counts: Counts, seed: int, progress) -> tuple[list[dict], dict[str, dict]]:
+    """Fig. 5: every system, and Proteus with ARTIFACT_BURSTY, on the bursty trace: per system its metrics over the
+    trace, its violations in each burst's first METRIC_WINDOW_S and in the rest of it, and its timeline."""
+    runs = {name: (system, setup) for name, system in SYSTEMS.items()}
+    runs["proteus (artifact settings)"] = (SYSTEMS["proteus"],
+                                           replace(setup, config=replace(setup.config, **ARTIFACT_BURSTY)))
+    spans = bursts(counts)
+    rows, timelines = [], {}
+    for name, (system, at) in runs.items():
+        r = simulate(system, at, counts, seed=seed)
+        late = r.result.outcome != OUTCOME_CODES[Outcome.MET]
+        second = r.result.arrival_us // 1_000_000
+        onset = np.zeros(len(second), dtype=bool)
+        rest = np.zeros(len(second), dtype=bool)
+        for first, end in spans:
+            onset |= (first <= second) & (second < first + METRIC_WINDOW_S)
+            rest |= (first + METRIC_WINDOW_S <= second) & (second < end)
+        row = {"system": name, **_rounded(r.metrics()), "plans": r.plans,
+               "burst_onset_violations": round(float(late[onset].mean()), 4) if onset.any() else "",
+               "burst_rest_violations": round(float(late[rest].mean()), 4) if rest.any() else ""}
+        progress(f"fig5 {name:<28} violations {row['violation_ratio']:.4f}  max drop {row['max_accuracy_drop']:.2f}  "
+                 f"in bursts {row['burst_onset_violations']} then {row['burst_rest_violations']}")
+        rows.append(row)
+        timelines[name] = _timeline(r)
+    return rows, timelines
 
 
 def slo_sweep(setup: Setup, counts: Counts, multiples: tuple[float, ...], seed: int, progress) -> list[dict]:
@@ -153,7 +204,8 @@ def _rounded(m: dict) -> dict:
 
 
 def _timeline(r: Run) -> dict[str, list[float]]:
-    """Per 10 s window: demand, met per second, effective accuracy."""
+    """Per 10 s window: demand, met per second, effective accuracy, and the violation ratio of the queries that
+    arrived in it."""
     res = r.result
     met = res.outcome == OUTCOME_CODES[Outcome.MET]
     windows = int(np.ceil((res.arrival_us.max(initial=0) + 1) / (METRIC_WINDOW_S * 1e6)))
@@ -161,8 +213,10 @@ def _timeline(r: Run) -> dict[str, list[float]]:
     by_finish = np.minimum(res.finish_us[met] // (METRIC_WINDOW_S * 1_000_000), windows - 1)
     served = np.bincount(by_finish, None, windows)
     acc = np.bincount(by_finish, res.accuracy[met], windows)
+    met_by_arrival = np.bincount(res.arrival_us[met] // (METRIC_WINDOW_S * 1_000_000), None, windows)
     return {"demand_qps": (arrived / METRIC_WINDOW_S).tolist(), "throughput_qps": (served / METRIC_WINDOW_S).tolist(),
-            "accuracy": np.where(served > 0, 100 * acc / np.maximum(served, 1), np.nan).tolist()}
+            "accuracy": np.where(served > 0, 100 * acc / np.maximum(served, 1), np.nan).tolist(),
+            "violations": np.where(arrived > 0, 1 - met_by_arrival / np.maximum(arrived, 1), np.nan).tolist()}
 
 
 def constant_arrivals(qps: float, seconds: float, shape: str, mix: dict[str, float], seed: int,
@@ -242,10 +296,26 @@ def _plot(out: Path, fig4: list[dict], fig6: list[dict], fig7: list[dict], timel
         plt.close(fig)
 
 
-def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict]) -> list[Claim]:
-    """The paper's statements about Figs. 4, 6, 7 and 8, checked on these rows (each load of Fig. 4 and 7, each
-    arrival shape of Fig. 6, each SLO multiple of Fig. 8)."""
+def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict],
+           fig5: list[dict]) -> list[Claim]:
+    """The paper's statements about Figs. 4 to 8, checked on these rows (each load of Fig. 4 and 7, each arrival
+    shape of Fig. 6, each SLO multiple of Fig. 8; Fig. 5 with the paper's settings)."""
     out = []
+    if fig5:
+        rows = {r["system"]: r for r in fig5}
+        out.append(least("fig5.fewest_violations", "Proteus has the fewest violations of the accuracy-scaling systems "
+                         "(bursty trace)", "the lowest once it re-allocates",
+                         {s: rows[s]["violation_ratio"] for s in SCALING}, "proteus"))
+        out.append(least("fig5.smallest_drop", "Proteus has the smallest maximum accuracy drop of the accuracy-scaling "
+                         "systems (bursty trace)", "the lowest once it re-allocates",
+                         {s: rows[s]["max_accuracy_drop"] for s in SCALING}, "proteus"))
+        proteus = rows["proteus"]
+        if proteus["burst_rest_violations"] != "":
+            out.append(Claim("fig5.violations_fall_after_replanning", "Proteus' violations in the bursts fall once it "
+                             f"has re-planned (their first {METRIC_WINDOW_S} s against the rest)",
+                             "a small number when the burst starts, then fewer",
+                             f"{proteus['burst_onset_violations']:.4f} then {proteus['burst_rest_violations']:.4f}",
+                             proteus["burst_rest_violations"] < proteus["burst_onset_violations"]))
     for load in dict.fromkeys(r["load"] for r in fig4):
         rows = {r["system"]: r for r in fig4 if r["load"] == load}
         violations = {s: r["violation_ratio"] for s, r in rows.items()}
@@ -300,6 +370,30 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
     return out
 
 
+def _plot_fig5(path: Path, timelines: dict[str, dict], counts: Counts) -> None:
+    import matplotlib  # lazy: matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: matplotlib
+
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    for name, t in timelines.items():
+        x = np.arange(len(t["accuracy"])) * METRIC_WINDOW_S
+        axes[0].plot(x, t["accuracy"], label=name)
+        axes[1].plot(x, t["violations"], label=name)
+    axes[2].plot(np.arange(len(counts.per_second)), counts.per_second.sum(axis=1), "k-", lw=0.8)
+    for first, end in bursts(counts):
+        for ax in axes:
+            ax.axvspan(first, end, color="0.9", zorder=0)
+    axes[0].set(ylabel="effective accuracy (%)", title="Fig. 5: the bursty trace (zipf_exponential_bursty)")
+    axes[1].set(ylabel=f"violation ratio ({METRIC_WINDOW_S} s windows)")
+    axes[2].set(xlabel="time (s)", ylabel="demand (q/s)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _plot_fig8(path: Path, rows: list[dict]) -> None:
     line_panels(path, rows, "slo_multiple", [("violation_ratio", "SLO violation ratio"),
                                              ("max_accuracy_drop", "maximum accuracy drop (%)"),
@@ -308,8 +402,8 @@ def _plot_fig8(path: Path, rows: list[dict]) -> None:
                 title="Fig. 8: SLO sensitivity (medium-normal_load, each family's 1x SLO times the multiple)")
 
 
-def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict], found: list[Claim],
-             args: argparse.Namespace) -> str:
+def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict], fig5: list[dict],
+             found: list[Claim], args: argparse.Namespace) -> str:
     keys = ["load", "system", "violation_ratio", "accuracy", "max_accuracy_drop", "throughput_qps", "plans",
             "solve_s_max"]
     lines = [
@@ -339,8 +433,15 @@ def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[di
         "",
         markdown_table(fig7, keys),
         "",
-        "Fig. 5 (the bursty trace) is not reproduced: its counts are in the authors' artifact "
-        "(zipf_exponential_bursty) but not imported into `profiles/proteus/`.",
+        "## Fig. 5: the bursty trace",
+        "",
+        f"zipf_exponential_bursty ({'first ' + str(args.seconds) + ' s' if args.seconds else 'all 292 s'}); bursts: "
+        f"the seconds above {BURST_FACTOR:g}x the trace's median rate; `burst_onset_violations` over each burst's "
+        f"first {METRIC_WINDOW_S} s, `burst_rest_violations` over the rest. `proteus (artifact settings)`: "
+        f"{', '.join(f'{k} {v:g}' for k, v in ARTIFACT_BURSTY.items())}.",
+        "",
+        markdown_table(fig5, ["system", "violation_ratio", "accuracy", "max_accuracy_drop", "throughput_qps",
+                              "burst_onset_violations", "burst_rest_violations", "plans"]),
         "",
         "## Fig. 8: SLO sensitivity",
         "",
