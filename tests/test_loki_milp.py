@@ -8,7 +8,7 @@ import pytest
 
 from scheduler_sidecar.core.profile import LatencyCurve
 from scheduler_sidecar.systems.loki import milp
-from scheduler_sidecar.systems.loki.data import CARS, DETECTOR, traffic_analysis
+from scheduler_sidecar.systems.loki.data import CARS, DETECTOR, social_media, traffic_analysis
 from scheduler_sidecar.systems.loki.pipeline import Pipeline, StageVariant, Task
 
 SMALL_B = (1, 2, 4)
@@ -102,3 +102,17 @@ def test_inferline_scales_hardware_only_and_serves_a_fraction_beyond() -> None:
     below, beyond = milp.plan(pipeline, 150, 20, top_only=True), milp.plan(pipeline, 600, 20, top_only=True)
     assert below.step == "hardware" and beyond.step == "overload"
     assert beyond.served < 0.5 and {a.variant for a in beyond.allocations} == {t.top.id for t in pipeline.tasks}
+
+
+def test_the_social_media_pipeline_scales_hardware_with_the_top_variants_that_meet_its_slo() -> None:
+    """The artifact's social-media app: every image to the detector and the captioner. Its two large CLIP variants
+    take longer than the SLO at batch 1, so hardware scaling (and InferLine) runs the most accurate one that fits."""
+    pipeline = social_media()
+    assert [t.name for t in pipeline.tasks] == ["source", DETECTOR, "image_captioning"]
+    assert pipeline.root.top.fanout == {DETECTOR: 1.0, "image_captioning": 1.0}
+    quiet, busy = milp.plan(pipeline, 50.0, 20), milp.plan(pipeline, 300.0, 20)
+    assert quiet.step == "hardware" and {a.variant for a in quiet.allocations} == {
+        "source", "yolov5x", "clip-vit-base-patch16"}
+    assert busy.step == "accuracy" and busy.served == pytest.approx(1.0) and busy.accuracy < quiet.accuracy
+    inferline = milp.plan(pipeline, 300.0, 20, top_only=True)
+    assert inferline.step == "overload" and inferline.served < 1.0
