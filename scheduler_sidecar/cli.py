@@ -41,7 +41,8 @@ COMMAND_MODULES = (
 BENCH_MODULES = ("export.bench", "scheduler_sidecar.experiments.bench", "scheduler_sidecar.experiments.sidecar_bench",
                  "scheduler_sidecar.experiments.fidelity",
                  "scheduler_sidecar.experiments.overload_bench", "scheduler_sidecar.experiments.ramsis.bench",
-                 "scheduler_sidecar.experiments.milp_bench", "scheduler_sidecar.experiments.sharding")
+                 "scheduler_sidecar.experiments.milp_bench", "scheduler_sidecar.experiments.sharding",
+                 "scheduler_sidecar.experiments.hybridserve.energy_bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,3 +57,27 @@ def test_energy_per_request_from_the_gpus_else_from_the_cpu_model():
     assert per_request_mj(meter, joules=6.0, worker_s=100.0, requests=3000) == (pytest.approx(2.0), "nvml")
     mj, source = per_request_mj(None, joules=0.0, worker_s=3.0, requests=1500)
     assert source == CPU_MODEL and mj == pytest.approx(1000 * 3.0 * CPU_WATTS_PER_BUSY_CORE / 1500)
+
+
+@pytest.mark.slow
+def test_bench_energy_measures_every_model_and_each_modes_energy_per_request(capsys, hybridserve_family):
+    """`accscale bench energy`, briefly: the models run where torch finds a GPU (NVML's joules there), else on one CPU
+    thread (the CPU power model over its CPU seconds); a mode's energy is its cascade's Σ ρ_i e_i."""
+    import json
+
+    from scheduler_sidecar.cli import main
+
+    assert main(["bench", "energy", "--seconds", "0.2", "--build-dir", str(hybridserve_family.folder.parent),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["energy_source"] == ("nvml" if out["device"] == "cuda" else CPU_MODEL)
+    e = {r["model"]: r["mj_per_request"] for r in out["models"]}
+    assert list(e) == hybridserve_family.names and all(v > 0 for v in e.values())
+    modes = {m["mode"]: m for m in out["modes"]}
+    for m in modes.values():
+        reach = [float(r) for r in m["reach"].split()]
+        assert m["mj_per_request"] == pytest.approx(sum(r * e[n] for r, n in zip(reach, m["models"].split())),
+                                                    rel=1e-3, abs=1e-5)
+    assert modes["largest"]["saving"] == 1.0
+    assert {c["id"] for c in out["claims"]} == {"table5.ap_energy_saving", "table5.eo_energy_saving",
+                                                "table5.eo_saves_most_energy"}
