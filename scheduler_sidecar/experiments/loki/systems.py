@@ -185,6 +185,18 @@ def _initial_per_task(pipeline: Pipeline, frames_qps: float) -> dict[str, float]
     return rates
 
 
+def settings(name: str, system: System, setup: Setup) -> dict:
+    """What ``system`` runs with under ``setup``, as :func:`simulate` applies it: a comparison's settings side by
+    side, read from the run's own objects."""
+    proteus = system.planner == "proteus"
+    config = _proteus_config(setup.config) if proteus else setup.config
+    return {"system": name, "workers": setup.workers, "slo_ms": setup.pipeline.slo_ms,
+            "headroom": config.headroom, "period_s": config.period_s, "ewma_com": config.ewma_com,
+            "variants": "top only" if system.top_only else "all",
+            "dropping": "per task, its share of the SLO" if proteus else system.drop.value,
+            "latency_budget": "" if proteus or system.drop == DropMode.NONE else setup.budget}  # what drops use
+
+
 def _proteus_config(config: LokiConfig) -> ProteusConfig:
     """Proteus with Loki's control loop (period, EWMA) and headroom, as the comparison runs them on equal terms."""
     return ProteusConfig(period_s=config.period_s, ewma_com=config.ewma_com, ewma_window_s=config.ewma_window_s,

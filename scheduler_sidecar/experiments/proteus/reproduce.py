@@ -55,6 +55,7 @@ from scheduler_sidecar.experiments.proteus.systems import (
     Run,
     Setup,
     System,
+    settings,
     simulate,
     simulate_queries,
 )
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     bursty = load_counts(BURSTY)
     if args.seconds:
         bursty = Counts(bursty.families, bursty.per_second[:args.seconds])
-    fig5, fig5_timelines = bursty_trace(setup, bursty, args.seed, progress)
+    fig5, fig5_timelines, compared = bursty_trace(setup, bursty, args.seed, progress)
     fig6 = batching_comparison(setup, counts.mean_mix(), args.fig6_qps, args.fig6_s, args.seed, progress)
     fig8 = slo_sweep(setup, counts, args.fig8_multiples, args.seed, progress)
     write_rows(fig4, out / "fig4.csv")
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     _plot_fig8(out / "fig8.png", fig8)
     _plot_fig5(out / "fig5.png", fig5_timelines, bursty)
     found = claims(fig4, fig6, fig7, fig8, fig5)
-    (out / "summary.md").write_text(_summary(fig4, fig6, fig7, fig8, fig5, found, args))
+    (out / "summary.md").write_text(_summary(fig4, fig6, fig7, fig8, fig5, found, args, compared))
     progress(f"wrote {out}/summary.md, fig4/5/6/7/8 .csv and .png")
     if args.json:
         print(json.dumps({"fig4": fig4, "fig5": fig5, "fig6": fig6, "fig7": fig7, "fig8": fig8,
@@ -158,14 +159,17 @@ def bursts(counts: Counts) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), ends.tolist()))
 
 
-def bursty_trace(setup: Setup, counts: Counts, seed: int, progress) -> tuple[list[dict], dict[str, dict]]:
+def bursty_trace(setup: Setup, counts: Counts, seed: int,
+                 progress) -> tuple[list[dict], dict[str, dict], list[dict]]:
     """Fig. 5: every system, and Proteus with ARTIFACT_BURSTY, on the bursty trace: per system its metrics over the
-    trace, its violations in each burst's first METRIC_WINDOW_S and in the rest of it, and its timeline."""
+    trace, its violations in each burst's first METRIC_WINDOW_S and in the rest of it, and its timeline; and the
+    settings each ran with (Fig. 4's are the same, the trace aside)."""
     runs = {name: (system, setup) for name, system in SYSTEMS.items()}
     runs["proteus (artifact settings)"] = (SYSTEMS["proteus"],
                                            replace(setup, config=replace(setup.config, **ARTIFACT_BURSTY)))
     spans = bursts(counts)
     rows, timelines = [], {}
+    compared = [settings(name, system, at) for name, (system, at) in runs.items()]
     for name, (system, at) in runs.items():
         r = simulate(system, at, counts, seed=seed)
         late = r.result.outcome != OUTCOME_CODES[Outcome.MET]
@@ -182,7 +186,7 @@ def bursty_trace(setup: Setup, counts: Counts, seed: int, progress) -> tuple[lis
                  f"in bursts {row['burst_onset_violations']} then {row['burst_rest_violations']}")
         rows.append(row)
         timelines[name] = _timeline(r)
-    return rows, timelines
+    return rows, timelines, compared
 
 
 def slo_sweep(setup: Setup, counts: Counts, multiples: tuple[float, ...], seed: int, progress) -> list[dict]:
@@ -403,7 +407,7 @@ def _plot_fig8(path: Path, rows: list[dict]) -> None:
 
 
 def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict], fig5: list[dict],
-             found: list[Claim], args: argparse.Namespace) -> str:
+             found: list[Claim], args: argparse.Namespace, compared: list[dict]) -> str:
     keys = ["load", "system", "violation_ratio", "accuracy", "max_accuracy_drop", "throughput_qps", "plans",
             "solve_s_max"]
     lines = [
@@ -417,6 +421,10 @@ def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[di
         "## The paper's claims, on this run",
         "",
         table(found),
+        "",
+        "## Settings of Figs. 4 and 5, side by side (each system over the same arrivals)",
+        "",
+        markdown_table(compared, list(compared[0])),
         "",
         "## Fig. 4: end to end",
         "",

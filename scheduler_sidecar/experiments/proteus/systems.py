@@ -22,6 +22,7 @@ import numpy as np
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.core.records import Outcome
 from scheduler_sidecar.experiments.proteus.data import Counts, arrivals
+from scheduler_sidecar.experiments.proteus.infaas import PERIOD_S as INFAAS_PERIOD_S
 from scheduler_sidecar.experiments.proteus.infaas import InfaasPlanner
 from scheduler_sidecar.sim.results import OUTCOME_CODES, SimResult
 from scheduler_sidecar.sim.simulator import Simulator
@@ -89,6 +90,20 @@ class Run:
 
     def metrics(self) -> dict[str, float]:
         return metrics(self.result)
+
+
+def settings(name: str, system: System, setup: Setup) -> dict:
+    """What ``system`` runs with under ``setup``, as :func:`simulate_queries` applies it: a comparison's settings side
+    by side, read from the run's own objects."""
+    c = setup.config
+    return {"system": name, "devices": " ".join(f"{n} {k}" for k, n in setup.cluster.items()),
+            "slo_ms": setup.slo_ms if isinstance(setup.slo_ms, (int, float)) else "per family",
+            "planner": "none (one plan)" if system.static else system.planner,
+            "period_s": INFAAS_PERIOD_S if system.planner == "infaas" else c.period_s,
+            "ewma_com": c.ewma_com, "headroom": c.headroom,
+            "variants": {"all": "all", "ha": "most accurate feasible", "ht": "least accurate"}[system.variants],
+            "batching": system.batching, "types per device": "fixed" if system.fixed_types else "any",
+            "routing": "uniform" if system.uniform_routing else "planned"}
 
 
 def simulate(system: System, setup: Setup, counts: Counts, *, seed: int = 0) -> Run:
