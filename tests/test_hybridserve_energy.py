@@ -76,8 +76,9 @@ def test_bench_energy_measures_every_model_and_each_modes_energy_per_request(cap
     modes = {m["mode"]: m for m in out["modes"]}
     for m in modes.values():
         reach = [float(r) for r in m["reach"].split()]
+        # the shares are printed to 3 decimals
         assert m["mj_per_request"] == pytest.approx(sum(r * e[n] for r, n in zip(reach, m["models"].split())),
-                                                    rel=1e-3, abs=1e-5)
+                                                    abs=5e-4 * sum(e.values()))
     assert modes["largest"]["saving"] == 1.0
     assert {c["id"] for c in out["claims"]} == {"table5.ap_energy_saving", "table5.eo_energy_saving",
                                                 "table5.eo_saves_most_energy"}

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.triton]
 def test_the_demo_serves_cheaper_cascades_live(tmp_path, monkeypatch, hybridserve_family):
     from scheduler_sidecar.cli import main
     from scheduler_sidecar.experiments.hybridserve import demo as hybridserve_demo
-    from scheduler_sidecar.experiments.hybridserve.energy import CPU_MODEL
+    from scheduler_sidecar.experiments.hybridserve.energy import CPU_MODEL, CPU_WATTS_PER_BUSY_CORE
 
     monkeypatch.setattr(hybridserve_demo, "nvml_meter", lambda: None)  # the same on a host with GPUs
     out = tmp_path / "demo"
@@ -31,13 +31,16 @@ def test_the_demo_serves_cheaper_cascades_live(tmp_path, monkeypatch, hybridserv
         pruned = modes[f"{mode}-pruned"]["models"].split()
         assert modes[mode]["models"].split() == names and pruned[-1] == names[-1] and set(pruned) <= set(names)
         assert len(modes[f"{mode}-pruned"]["instances"].split()) == len(pruned)
+    # compute worker-seconds per request, the models' own counter: each cascade well below the largest model alone.
+    # EO is planned a little cheaper than AP (8% in a fresh clone's build, where they run the same four models with
+    # close thresholds), within what 4 s of saturation measure (0.0198 against 0.0190 ms once): no order between them
     cost = {m: float(r["worker_ms_per_request"]) for m, r in modes.items()}
-    assert cost["eo"] < cost["ap"] < cost["largest"]  # compute worker-seconds per request, the models' own counter
+    assert max(cost[m] for m in ("ap", "eo")) < cost["largest"] / 2
     # Triton's busy time includes each batch's emulated sleep; the compute the models count leaves it out
     assert all(float(r["busy_ms_per_request"]) > float(r["worker_ms_per_request"]) > 0 for r in modes.values())
     assert {r["energy_source"] for r in modes.values()} == {CPU_MODEL}
     energy = {m: float(r["energy_mj_per_request"]) for m, r in modes.items()}
-    assert energy["eo"] < energy["ap"] < energy["largest"]
+    assert all(energy[m] == pytest.approx(cost[m] * CPU_WATTS_PER_BUSY_CORE, abs=1e-3) for m in modes)
     # the shape, not a fraction of the cost model's prediction (what a loaded 2-core machine reaches varies): every
     # cascade serves more requests a second than the largest model alone on the same instances
     for mode, r in modes.items():
