@@ -13,6 +13,9 @@ Three ratios, each measured in one run on real Triton servers (SuperServe sectio
   ``weights_ratio`` compares the weights alone (the separate ONNX files over the supernet's).
 - ``exec_overhead``: per batch size, latency of a subnet through the supernet over the same
   subnet exported statically, both loaded in one server and called alternately.
+
+With ``--breakdown``, no server: where each subnet's time goes in the two graphs under onnxruntime's profiler
+(:mod:`export.overheads`), per batch size.
 """
 
 from __future__ import annotations
@@ -46,11 +49,23 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                    help="Pareto subnets, uniformly spaced in accuracy, served as separate models (paper: 6)")
     p.add_argument("--repeats", type=int, default=30, help="timed calls per measurement (default: 30)")
     p.add_argument("--loads", type=int, default=5, help="timed model loads (default: 5)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="instead: where each subnet's time goes in the supernet and static graphs, by operator "
+                        "category, in onnxruntime without a server")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.breakdown:
+        rows = bench_breakdown(get_preset(args.preset), args.build_dir, spread=args.spread, repeats=args.repeats)
+        if args.json:
+            print(json.dumps({"breakdown": rows}))
+        else:
+            from scheduler_sidecar.sim.results import markdown_table
+
+            print(markdown_table(rows, list(rows[0])))
+        return 0
     result = bench_subnetact(get_preset(args.preset), args.build_dir, spread=args.spread, repeats=args.repeats,
                              loads=args.loads)
     if args.json:
@@ -65,10 +80,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads: int) -> dict:
+def _built(preset, build_dir: Path, spread: int):
+    """The preset's supernet, its Pareto subnets and ``spread`` of them uniformly spaced in accuracy."""
     from export.artifacts import Artifacts  # lazy: onnx, torch
-    from export.profiler import SUPERNET_MODEL, export_static, export_supernet  # lazy: onnx, torch
-    from export.repository import static_model_name  # lazy: onnx, torch
 
     artifacts = Artifacts(preset, build_dir)
     if not artifacts.profile_path.exists():
@@ -76,8 +90,30 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
     act = artifacts.supernet()
     calibration = artifacts.calibration(act)
     profile = Profile.load(artifacts.profile_path)
-    pareto = calibration.select([v.id for v in profile.variants])
-    chosen = calibration.select([v.id for v in profile.spread(spread)])
+    return act, calibration.select([v.id for v in profile.variants]), calibration.select(
+        [v.id for v in profile.spread(spread)])
+
+
+def bench_breakdown(preset, build_dir: Path, *, spread: int, repeats: int) -> list[dict]:
+    """:func:`export.overheads.breakdown` of each of ``spread`` Pareto subnets at each of EXEC_BATCH_SIZES."""
+    from export.overheads import breakdown  # lazy: onnxruntime
+    from export.profiler import export_static, export_supernet  # lazy: onnx, torch
+
+    act, pareto, chosen = _built(preset, build_dir, spread)
+    images = _images(act.spec.image_size)
+    with tempfile.TemporaryDirectory(prefix="accscale-bench-") as tmp:
+        repo = Path(tmp)
+        supernet = export_supernet(act, pareto, repo) / "1"
+        statics = {c.subnet_id: export_static(act, c, repo) / "1" for c in chosen}
+        return [breakdown(supernet, statics[c.subnet_id], c.subnet_id, images[:b], repeats)
+                for c in chosen for b in EXEC_BATCH_SIZES]
+
+
+def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads: int) -> dict:
+    from export.profiler import SUPERNET_MODEL, export_static, export_supernet  # lazy: onnx, torch
+    from export.repository import static_model_name  # lazy: onnx, torch
+
+    act, pareto, chosen = _built(preset, build_dir, spread)
     images = _images(act.spec.image_size)
     with tempfile.TemporaryDirectory(prefix="accscale-bench-") as tmp:
         repo = Path(tmp)

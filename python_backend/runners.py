@@ -22,14 +22,18 @@ SUBNETS_FILE = "subnets.json"  # beside the supernet's model.onnx: the calibrate
 MODEL_FILE = "model.onnx"
 
 
-def make_session(path: Path, threads: int):
-    """An onnxruntime session with every graph optimisation on and ``threads`` intra-op threads."""
+def make_session(path: Path, threads: int, profile_prefix: str | None = None):
+    """An onnxruntime session with every graph optimisation on and ``threads`` intra-op threads; with
+    ``profile_prefix``, onnxruntime's profiler writes every kernel's time to a file of that prefix."""
     import onnxruntime as ort  # lazy: onnxruntime (export and the sidecar read this module's names without it)
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
     return ort.InferenceSession(str(path), options, providers=providers)
 
@@ -43,6 +47,12 @@ class SubnetTable:
 
     def index(self) -> dict[tuple[int, ...], int]:
         return {row: i for i, row in enumerate(self.rows)}
+
+    def feeds(self) -> list[dict[str, np.ndarray]]:
+        """Per SUBNET index, the supernet graph's control inputs that run it."""
+        m = self.layout.num_stages
+        return [{"DEPTH": np.asarray(row[:m], dtype=np.int64), "WIDTH": np.asarray(row[m:], dtype=np.int64),
+                 "SUBNET": np.asarray(i, dtype=np.int64)} for i, row in enumerate(self.rows)]
 
     def to_json(self) -> str:
         return json.dumps({
@@ -64,12 +74,7 @@ class SupernetRunner:
         self.table = SubnetTable.from_json((version_dir / SUBNETS_FILE).read_text())
         self.layout = self.table.layout
         self._index = self.table.index()
-        m = self.layout.num_stages
-        self._feed_cache = [  # SUBNET index -> the control inputs of the ONNX graph
-            {"DEPTH": np.asarray(row[:m], dtype=np.int64), "WIDTH": np.asarray(row[m:], dtype=np.int64),
-             "SUBNET": np.asarray(i, dtype=np.int64)}
-            for i, row in enumerate(self.table.rows)
-        ]
+        self._feed_cache = self.table.feeds()  # SUBNET index -> the control inputs of the ONNX graph
         # raw CONTROL row bytes (INT32, as Triton delivers them) -> SUBNET index: the per-request fast path
         self._by_bytes = {np.asarray(row, dtype=np.int32).tobytes(): i for i, row in enumerate(self.table.rows)}
         self.session = make_session(version_dir / MODEL_FILE, threads)
