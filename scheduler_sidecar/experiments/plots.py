@@ -1,4 +1,4 @@
-"""Line plots the reproductions share: one panel per metric, one line per system, against a swept setting."""
+"""Plots the reproductions share: line panels against a swept setting, and pyplot set up for files."""
 
 from __future__ import annotations
 
@@ -6,15 +6,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def line_panels(path: Path, rows: Sequence[dict], x: str, panels: Sequence[tuple[str, str]], *, xlabel: str,
-                title: str, series: str | None = None) -> None:
-    """A panel per ``(key, label)`` of ``panels``: ``key`` against ``x``, a line per value of ``series`` (one line
-    when None), the legend on the first panel."""
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display here or in CI)."""
     import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: matplotlib
 
+    return plt
+
+
+def line_panels(path: Path, rows: Sequence[dict], x: str, panels: Sequence[tuple[str, str]], *, xlabel: str,
+                title: str, series: str | None = None) -> None:
+    """A panel per ``(key, label)`` of ``panels``: ``key`` against ``x``, a line per value of ``series`` (one line
+    when None), the legend on the first panel."""
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
     names = list(dict.fromkeys(r[series] for r in rows)) if series else [None]
     for name in names:

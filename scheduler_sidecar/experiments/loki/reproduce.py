@@ -54,7 +54,7 @@ from scheduler_sidecar.experiments.loki.systems import (
     windows,
     workers_used,
 )
-from scheduler_sidecar.experiments.plots import line_panels
+from scheduler_sidecar.experiments.plots import line_panels, pyplot
 from scheduler_sidecar.experiments.proteus.data import load_counts
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.loki import milp
@@ -426,11 +426,7 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
 
 def _plot_series(path: Path, series: dict, title: str) -> None:
     """Demand, then each system's accuracy, workers and violations per window."""
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
-
+    plt = pyplot()
     fig, axes = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
     for name, s in series.items():
         x = np.arange(len(s["frames_qps"])) * WINDOW_S

@@ -38,7 +38,7 @@ import numpy as np
 from scheduler_sidecar.core.records import Outcome
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.claims import Claim, at_least, in_order, least, table
-from scheduler_sidecar.experiments.plots import line_panels
+from scheduler_sidecar.experiments.plots import line_panels, pyplot
 from scheduler_sidecar.experiments.proteus.data import (
     BURSTY,
     PAPER_CLUSTER,
@@ -375,11 +375,7 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
 
 
 def _plot_fig5(path: Path, timelines: dict[str, dict], counts: Counts) -> None:
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
-
+    plt = pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     for name, t in timelines.items():
         x = np.arange(len(t["accuracy"])) * METRIC_WINDOW_S
