@@ -20,9 +20,9 @@ Written to --out:
 - ``fig4.csv``, ``fig4.png``: Fig. 4's average and 99.9th-percentile latency of AP and EO as deployed and the
   largest model alone, each on its planned replicas of the same ``--instances``, at the same request rates: each
   a fraction (``FIG4_LOADS``) of what the largest model alone serves at batch 1, a rule that looks at no outcome;
-- ``placement.csv``: Algorithm 3 for the deployed AP and EO at ``PLACEMENT_LOAD`` of their planned capacity: replicas and their placement
-  (Eqs. 2-4) onto six devices of two kinds on two servers, within memory and kernel utilisation, the least
-  transfer cost;
+- ``placement.csv``: Algorithm 3 for the deployed AP and EO at ``PLACEMENT_LOAD`` of their planned capacity:
+  replicas and their placement (Eqs. 2-4) onto six devices of two kinds on two servers, within memory and kernel
+  utilisation, the least transfer cost;
 - ``prototype.csv``: the authors' prototype (ViT, T5, GPT): cascade cost recomputed from its shares, against the
   largest model, and each model's energy benefit;
 - ``summary.md``: the paper's claims checked on this run (:func:`claims`), then the tables.

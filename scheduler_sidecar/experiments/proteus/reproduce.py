@@ -305,21 +305,20 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
     """The paper's statements about Figs. 4 to 8, checked on these rows (each load of Fig. 4 and 7, each arrival
     shape of Fig. 6, each SLO multiple of Fig. 8; Fig. 5 with the paper's settings)."""
     out = []
-    if fig5:
-        rows = {r["system"]: r for r in fig5}
-        out.append(least("fig5.fewest_violations", "Proteus has the fewest violations of the accuracy-scaling systems "
-                         "(bursty trace)", "the lowest once it re-allocates",
-                         {s: rows[s]["violation_ratio"] for s in SCALING}, "proteus"))
-        out.append(least("fig5.smallest_drop", "Proteus has the smallest maximum accuracy drop of the accuracy-scaling "
-                         "systems (bursty trace)", "the lowest once it re-allocates",
-                         {s: rows[s]["max_accuracy_drop"] for s in SCALING}, "proteus"))
-        proteus = rows["proteus"]
-        if proteus["burst_rest_violations"] != "":
-            out.append(Claim("fig5.violations_fall_after_replanning", "Proteus' violations in the bursts fall once it "
-                             f"has re-planned (their first {METRIC_WINDOW_S} s against the rest)",
-                             "a small number when the burst starts, then fewer",
-                             f"{proteus['burst_onset_violations']:.4f} then {proteus['burst_rest_violations']:.4f}",
-                             proteus["burst_rest_violations"] < proteus["burst_onset_violations"]))
+    rows = {r["system"]: r for r in fig5}
+    out.append(least("fig5.fewest_violations", "Proteus has the fewest violations of the accuracy-scaling systems "
+                     "(bursty trace)", "the lowest once it re-allocates",
+                     {s: rows[s]["violation_ratio"] for s in SCALING}, "proteus"))
+    out.append(least("fig5.smallest_drop", "Proteus has the smallest maximum accuracy drop of the accuracy-scaling "
+                     "systems (bursty trace)", "the lowest once it re-allocates",
+                     {s: rows[s]["max_accuracy_drop"] for s in SCALING}, "proteus"))
+    proteus = rows["proteus"]
+    if proteus["burst_rest_violations"] != "":
+        out.append(Claim("fig5.violations_fall_after_replanning", "Proteus' violations in the bursts fall once it "
+                         f"has re-planned (their first {METRIC_WINDOW_S} s against the rest)",
+                         "a small number when the burst starts, then fewer",
+                         f"{proteus['burst_onset_violations']:.4f} then {proteus['burst_rest_violations']:.4f}",
+                         proteus["burst_rest_violations"] < proteus["burst_onset_violations"]))
     for load in dict.fromkeys(r["load"] for r in fig4):
         rows = {r["system"]: r for r in fig4 if r["load"] == load}
         violations = {s: r["violation_ratio"] for s, r in rows.items()}
