@@ -161,3 +161,9 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
         for what, key in (("attainment", "slo_attainment"), ("accuracy", "mean_serving_accuracy")):
             assert result[f"{what}_gap_pts"][side] == pytest.approx(
                 100 * (result[f"live_{side}"][key] - result["simulated"][key]), abs=0.01)
+
+
+@pytest.mark.parametrize("flag", ["--window-s", "--duration-s", "--burst-qps"])
+def test_the_loki_demo_refuses_a_setting_that_is_not_positive(flag, tmp_path, capsys):
+    assert main(["demo", "loki", flag, "0", "--build-dir", str(tmp_path / "build"), "--out", str(tmp_path)]) == 2
+    assert f"{flag} must be > 0" in capsys.readouterr().err and not (tmp_path / "build").exists()

@@ -41,6 +41,7 @@ from export.scenes import generate
 from python_backend.pipeline import read_answers
 from scheduler_sidecar.core.plan import Demand
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.deployment import Answer, Device, Request, deploy, open_loop
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.loki.data import trained
@@ -114,6 +115,9 @@ def _slowest_path_ms(pipeline) -> tuple[float, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    for key in ("duration_s", "window_s", "base_qps", "burst_qps", "slo_ms"):
+        if not getattr(args, key) > 0:
+            raise ConfigError(f"--{key.replace('_', '-')} must be > 0, got {getattr(args, key)!r}")
     out = args.out or Path("runs") / time.strftime("loki-demo-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     folder = args.build_dir / ("loki-demo" if args.recipe == "full" else f"loki-demo-{args.recipe}")
