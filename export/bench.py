@@ -33,6 +33,7 @@ import numpy as np
 
 from export.presets import DEFAULT_BUILD_DIR, PRESETS, get_preset
 from scheduler_sidecar.core.profile import Profile
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.processes.triton_launcher import TritonServer
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.repeats < 1 or args.spread < 1 or args.loads < 1:
+        raise ConfigError(f"--repeats, --spread and --loads must be >= 1, got {args.repeats}, {args.spread} and "
+                          f"{args.loads}")
     if args.breakdown:
         rows = bench_breakdown(get_preset(args.preset), args.build_dir, spread=args.spread, repeats=args.repeats)
         if args.json:

@@ -82,3 +82,11 @@ def test_bench_energy_measures_every_model_and_each_modes_energy_per_request(cap
     assert modes["largest"]["saving"] == 1.0
     assert {c["id"] for c in out["claims"]} == {"table5.ap_energy_saving", "table5.eo_energy_saving",
                                                 "table5.eo_saves_most_energy"}
+
+
+@pytest.mark.parametrize("args", [["--seconds", "0"], ["--batch", "0"]])
+def test_bench_energy_refuses_an_empty_measurement(args, capsys):
+    from scheduler_sidecar.cli import main
+
+    assert main(["bench", "energy", *args]) == 2
+    assert "--seconds must be > 0 and --batch >= 1" in capsys.readouterr().err

@@ -26,3 +26,10 @@ def test_the_breakdown_accounts_for_each_graphs_time_by_category(fast_build):
     # every norm into its convolution at load
     assert row["supernet_norm_us"] > 0 and row["static_norm_us"] == 0
     assert row["supernet_gather_us"] > 0 and row["supernet_control_us"] > 0
+
+
+def test_bench_subnetact_refuses_no_repeats(capsys):
+    from scheduler_sidecar.cli import main
+
+    assert main(["bench", "subnetact", "--breakdown", "--repeats", "0"]) == 2
+    assert "--repeats, --spread and --loads must be >= 1" in capsys.readouterr().err

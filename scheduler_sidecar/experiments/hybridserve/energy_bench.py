@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from export.presets import DEFAULT_BUILD_DIR
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.claims import at_least, least, table
 from scheduler_sidecar.experiments.hybridserve.energy import CPU_MODEL, cpu_energy_j, nvml_meter
 from scheduler_sidecar.experiments.hybridserve.reproduce import PAPER
@@ -41,6 +42,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.seconds > 0 or (args.batch is not None and args.batch < 1):
+        raise ConfigError(f"--seconds must be > 0 and --batch >= 1, got {args.seconds!r} and {args.batch!r}")
     import torch  # lazy: torch
 
     from export.cascade_models import CLASSES, FAMILY, SIDE, build  # lazy: onnx, torch
