@@ -35,6 +35,7 @@ from export.presets import DEFAULT_BUILD_DIR, PRESETS, get_preset
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.processes.triton_launcher import TritonServer
+from scheduler_sidecar.sim.results import markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"breakdown": rows}))
         else:
-            from scheduler_sidecar.sim.results import markdown_table
-
             print(markdown_table(rows, list(rows[0])))
         return 0
     result = bench_subnetact(get_preset(args.preset), args.build_dir, spread=args.spread, repeats=args.repeats,

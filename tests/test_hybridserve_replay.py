@@ -122,18 +122,18 @@ CLAIMS = {
     # EO's replicas R ∝ ρl: no violation up to the planned capacity, the uniform spread 5.20% in this machine's build
     # and 2.82% and 10.20% in two fresh clones' (summed over the loads; the profiled latencies differ)
     "replay.eo.replicas_beat_uniform": True, "replay.eo.balanced_beat_uniform": True,
-    # at a quarter of the largest model's capacity its queue is short: AP 1.9x and 3.7x, EO 3.0x and 3.7x faster
-    # on average, not the paper's 5.6x and 8.9x (its DeepSpeed baseline also partitions the giant model over GPUs)
-    "fig4.x0.25.ap_mean_speedup": False, "fig4.x0.25.eo_mean_speedup": False,
-    "fig4.x0.75.ap_mean_speedup": True, "fig4.x0.75.eo_mean_speedup": True,
     **{f"fig4.x{f:g}.{m}_tail_within": True for f in (0.25, 0.5, 0.75) for m in ("ap", "eo")},
 }
 # claims whose outcome depends on the trained weights, measured in the two builds: AP 93.36 vs the largest 93.18
 # and 91.74 vs 91.97; EO 93.50 and 91.13 against the second largest 91.32 and 91.69; at half the largest's capacity
 # AP 2.8x and 7.8-8.2x, EO 5.6x and 7.9-8.5x faster on average; AP's replicas R ∝ ρl (either rounding) against
 # uniform ones, 0.00 vs 1.04 and 0.00 vs 0.00 (the fresh build's AP is light enough that neither violates)
-BUILD_DEPENDENT = {"table4.ap_matches_largest", "table4.eo_at_least_second_largest", "fig4.x0.5.ap_mean_speedup",
-                   "fig4.x0.5.eo_mean_speedup", "replay.ap.replicas_beat_uniform", "replay.ap.balanced_beat_uniform"}
+# Fig. 4's average speedups also depend on the build's profiled latencies, which a fresh clone measures while the
+# suite loads the machine: at a quarter of the largest model's capacity AP was 1.9x, 3.7x and above 5.6x in three
+# builds (the paper's 5.6x, with a DeepSpeed baseline that partitions the giant model over GPUs)
+BUILD_DEPENDENT = {"table4.ap_matches_largest", "table4.eo_at_least_second_largest", "replay.ap.replicas_beat_uniform",
+                   "replay.ap.balanced_beat_uniform",
+                   *(f"fig4.x{f:g}.{m}_mean_speedup" for f in (0.25, 0.5, 0.75) for m in ("ap", "eo"))}
 
 
 def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
