@@ -48,7 +48,7 @@ from scheduler_sidecar.experiments.claims import Claim, at_least, least, table
 from scheduler_sidecar.experiments.hybridserve import prototype
 from scheduler_sidecar.experiments.hybridserve.energy import cpu_energy_j
 from scheduler_sidecar.experiments.hybridserve.simulation import simulate
-from scheduler_sidecar.experiments.plots import line_panels
+from scheduler_sidecar.experiments.plots import line_panels, pyplot
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.hybridserve import placement
 from scheduler_sidecar.systems.hybridserve.cascade import energy_benefit
@@ -295,10 +295,7 @@ def _plot_replay(path: Path, rows: list[dict]) -> None:
 
 
 def _plot(path: Path, family: Family, result: SearchResult, points: dict[str, OperatingPoint]) -> None:
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     largest = family.costs[-1]

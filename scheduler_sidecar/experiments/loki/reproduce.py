@@ -54,11 +54,17 @@ from scheduler_sidecar.experiments.loki.systems import (
     windows,
     workers_used,
 )
-from scheduler_sidecar.experiments.plots import line_panels, pyplot
+from scheduler_sidecar.experiments.plots import line_panels, pyplot, timelines
 from scheduler_sidecar.experiments.proteus.data import load_counts
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.loki import milp
-from scheduler_sidecar.systems.loki.data import CARS, DETECTOR, social_media, traffic_analysis
+from scheduler_sidecar.systems.loki.data import (
+    CARS,
+    DETECTOR,
+    SOCIAL_MEDIA_SLO_MS,
+    social_media,
+    traffic_analysis,
+)
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import LokiConfig
 from scheduler_sidecar.systems.loki.policy import BUDGETS
@@ -330,10 +336,7 @@ def _rounded(m: dict) -> dict:
 
 
 def _plot(out: Path, fig1: list[dict], phases: dict, series: dict, fig7: list[dict]) -> None:
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
+    plt = pyplot()
 
     d = [r["demand_qps"] for r in fig1]
     fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
@@ -426,23 +429,10 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
 
 def _plot_series(path: Path, series: dict, title: str) -> None:
     """Demand, then each system's accuracy, workers and violations per window."""
-    plt = pyplot()
-    fig, axes = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
-    for name, s in series.items():
-        x = np.arange(len(s["frames_qps"])) * WINDOW_S
-        axes[1].plot(x, s["accuracy"], label=name)
-        axes[2].plot(x, s["workers"], label=name)
-        axes[3].plot(x, s["violation_ratio"], label=name)
     first = next(iter(series.values()))
-    axes[0].plot(np.arange(len(first["frames_qps"])) * WINDOW_S, first["frames_qps"], "k-")
-    for ax, label in zip(axes, ("demand (frames/s)", "accuracy (%)", "workers used", "SLO violation ratio")):
-        ax.set(ylabel=label)
-    axes[0].set(title=title)
-    axes[3].set(xlabel="time (s)")
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    demand = (np.arange(len(first["frames_qps"])) * WINDOW_S, first["frames_qps"], "demand (frames/s)")
+    timelines(path, series, WINDOW_S, [("accuracy", "accuracy (%)"), ("workers", "workers used"),
+                                       ("violation_ratio", "SLO violation ratio")], demand, title=title)
 
 
 def _plot_fig8(path: Path, rows: list[dict]) -> None:
@@ -475,7 +465,7 @@ def _summary(fig1: list[dict], phases: dict, fig5: list[dict], fig6: list[dict],
         "Effective capacity: the largest constant demand with at most 1% of frames late or dropped. A frame counts "
         "as met only if every query it created (one per detected object) is answered within the SLO; "
         "`query_violation_ratio` in fig5.csv is the per-query view the artifact counts.",
-        f"## Fig. 6: the social-media pipeline (source -> detector, captioner; SLO {social_media().slo_ms:g} ms)",
+        f"## Fig. 6: the social-media pipeline (source -> detector, captioner; SLO {SOCIAL_MEDIA_SLO_MS:g} ms)",
         markdown_table(fig6, ["system", "violation_ratio", "accuracy", "peak_violation_ratio", "offpeak_workers",
                               "best_plan_accuracy", "max_accuracy_drop", "plans"]),
         "The maximum drop is below `best_plan_accuracy`, the most accurate plan this cluster runs at the trace's "

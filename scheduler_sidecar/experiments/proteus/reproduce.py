@@ -38,7 +38,7 @@ import numpy as np
 from scheduler_sidecar.core.records import Outcome
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.claims import Claim, at_least, in_order, least, table
-from scheduler_sidecar.experiments.plots import line_panels, pyplot
+from scheduler_sidecar.experiments.plots import line_panels, pyplot, timelines
 from scheduler_sidecar.experiments.proteus.data import (
     BURSTY,
     PAPER_CLUSTER,
@@ -258,10 +258,7 @@ def batching_comparison(setup: Setup, mix: dict[str, float], qps: float, seconds
 
 
 def _plot(out: Path, fig4: list[dict], fig6: list[dict], fig7: list[dict], timelines: dict) -> None:
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
+    plt = pyplot()
 
     loads = sorted({load for load, _ in timelines}, key=lambda x: x != "trace")
     fig, axes = plt.subplots(2, len(loads), figsize=(6 * len(loads), 7), squeeze=False)
@@ -373,24 +370,11 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
     return out
 
 
-def _plot_fig5(path: Path, timelines: dict[str, dict], counts: Counts) -> None:
-    plt = pyplot()
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-    for name, t in timelines.items():
-        x = np.arange(len(t["accuracy"])) * METRIC_WINDOW_S
-        axes[0].plot(x, t["accuracy"], label=name)
-        axes[1].plot(x, t["violations"], label=name)
-    axes[2].plot(np.arange(len(counts.per_second)), counts.per_second.sum(axis=1), "k-", lw=0.8)
-    for first, end in bursts(counts):
-        for ax in axes:
-            ax.axvspan(first, end, color="0.9", zorder=0)
-    axes[0].set(ylabel="effective accuracy (%)", title="Fig. 5: the bursty trace (zipf_exponential_bursty)")
-    axes[1].set(ylabel=f"violation ratio ({METRIC_WINDOW_S} s windows)")
-    axes[2].set(xlabel="time (s)", ylabel="demand (q/s)")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _plot_fig5(path: Path, series: dict[str, dict], counts: Counts) -> None:
+    demand = (np.arange(len(counts.per_second)), counts.per_second.sum(axis=1), "demand (q/s)")
+    timelines(path, series, METRIC_WINDOW_S, [("accuracy", "effective accuracy (%)"),
+                                              ("violations", f"violation ratio ({METRIC_WINDOW_S} s windows)")],
+              demand, title="Fig. 5: the bursty trace (zipf_exponential_bursty)", spans=bursts(counts))
 
 
 def _plot_fig8(path: Path, rows: list[dict]) -> None:
