@@ -144,8 +144,9 @@ def http_requests(draw) -> tuple[bytes, dict[str, str], bool]:
 
 
 @st.composite
-def grpc_requests(draw) -> tuple[pb.ModelInferRequest, bool]:
-    """(request, certainly malformed)."""
+def grpc_requests(draw) -> tuple[pb.ModelInferRequest, bool, int]:
+    """(request, certainly malformed, its rows where it is not). Two rows of [1, 16, 16] with two rows' data are a
+    legal request of two queries, answered when the sidecar admits them."""
     if draw(st.sampled_from(["legal", "random", "random"])) == "legal":  # well-formed, hostile values
         request = pb.ModelInferRequest(model_name="digits")
         request.inputs.add(name="INPUT", datatype="FP32", shape=SHAPE)
@@ -155,8 +156,8 @@ def grpc_requests(draw) -> tuple[pb.ModelInferRequest, bool]:
             request.parameters["slo_us"].int64_param = slo
         else:
             request.parameters["slo_us"].double_param = float(slo)
-        return request, False
-    malformed = False
+        return request, False, 1
+    malformed, rows = False, 1
     name = draw(st.sampled_from(["digits", "digits", "digits", "", "nope", "d" * 100_000]))
     malformed |= name != "digits"
     request = pb.ModelInferRequest(model_name=name, model_version=draw(st.sampled_from(["", "", "1", "2"])))
@@ -177,20 +178,21 @@ def grpc_requests(draw) -> tuple[pb.ModelInferRequest, bool]:
         shape = draw(st.sampled_from([SHAPE, SHAPE, [2, 1, 16, 16], [1, 256], []]) | st.lists(
             st.integers(-(2**63), 2**63 - 1), max_size=5))
         tensor.shape.extend(shape)
-        malformed |= tensor.name != "INPUT" or tensor.datatype != "FP32" or list(shape) != SHAPE
+        rows = shape[0] if list(shape) in (SHAPE, [2, *SHAPE[1:]]) else 1
+        malformed |= tensor.name != "INPUT" or tensor.datatype != "FP32" or list(shape) != [rows, *SHAPE[1:]]
         if raw:
             size = draw(st.sampled_from([PIXELS * 4, PIXELS * 4, 0, 7, PIXELS * 8]))
             request.raw_input_contents.append(np.full(size // 4, draw(st.floats(width=32)), np.float32).tobytes()
                                               + b"\0" * (size % 4))
-            malformed |= size != PIXELS * 4
+            malformed |= size != PIXELS * 4 * rows
         else:
-            count = draw(st.sampled_from([PIXELS, PIXELS, 0, 1, PIXELS + 1]))
+            count = draw(st.sampled_from([PIXELS, PIXELS, 0, 1, PIXELS + 1, 2 * PIXELS]))
             tensor.contents.fp32_contents.extend([draw(st.floats(width=32))] * count)
-            malformed |= count != PIXELS
+            malformed |= count != PIXELS * rows
     if draw(st.booleans()):
         request.outputs.add(name=draw(st.sampled_from(["LOGITS", "LOGITS", "PROBS", ""])))
         malformed |= request.outputs[0].name != "LOGITS"
-    return request, malformed
+    return request, malformed, rows
 
 
 def _http(sidecar, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
@@ -251,7 +253,7 @@ def test_grpc_fuzz(sidecar):
     @FUZZ
     @given(grpc_requests())
     def one(case):
-        request, malformed = case
+        request, malformed, rows = case
         try:
             response = stub.ModelInfer(request, timeout=30)
         except grpc.RpcError as exc:
@@ -260,7 +262,7 @@ def test_grpc_fuzz(sidecar):
             seen["refused"] += 1
             return
         assert not malformed, str(request)[:300]
-        assert len(response.raw_output_contents) == 1 and len(response.raw_output_contents[0]) == 40
+        assert len(response.raw_output_contents) == 1 and len(response.raw_output_contents[0]) == 40 * rows
         seen["answered"] += 1
 
     with Bystander(sidecar.grpc_url), contextlib.closing(channel):
