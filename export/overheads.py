@@ -36,8 +36,8 @@ def breakdown(supernet_dir: Path, static_dir: Path, subnet_id: str, images: np.n
     (version folders of a Triton repository), their ratio, and per category each one's microseconds per run."""
     table = SubnetTable.from_json((supernet_dir / SUBNETS_FILE).read_text())
     index = next(i for i, row in enumerate(table.rows) if table.layout.subnet_id(row) == subnet_id)
-    static_us, static = _profiled(static_dir / MODEL_FILE, {"INPUT": images}, runs)
-    supernet_us, supernet = _profiled(supernet_dir / MODEL_FILE, {"INPUT": images, **table.feeds()[index]}, runs)
+    static_us, static = _profiled(static_dir / MODEL_FILE, images, runs)
+    supernet_us, supernet = _profiled(supernet_dir / MODEL_FILE, images, runs, table, index)
     row = {"subnet": subnet_id, "batch": len(images), "static_us": round(static_us, 1),
            "supernet_us": round(supernet_us, 1), "ratio": round(supernet_us / static_us, 3)}
     for category in sorted(set(static) | set(supernet)):
@@ -46,11 +46,14 @@ def breakdown(supernet_dir: Path, static_dir: Path, subnet_id: str, images: np.n
     return row
 
 
-def _profiled(path: Path, feeds: dict[str, np.ndarray], runs: int) -> tuple[float, dict[str, float]]:
-    """Microseconds per run (onnxruntime's ``model_run``), and kernel microseconds per run by category
-    (``executor``: the rest), over ``runs`` runs after WARMUP_RUNS."""
+def _profiled(path: Path, inputs: np.ndarray, runs: int, table: SubnetTable | None = None,
+              subnet: int = 0) -> tuple[float, dict[str, float]]:
+    """Microseconds per run (onnxruntime's ``model_run``) of the graph at ``path`` on ``inputs`` (running ``table``'s
+    subnet ``subnet`` if it is a supernet), and kernel microseconds per run by category (``executor``: the rest),
+    over ``runs`` runs after WARMUP_RUNS."""
     with tempfile.TemporaryDirectory(prefix="accscale-ort-profile-") as tmp:
         session = make_session(path, 1, profile_prefix=str(Path(tmp) / "run"))
+        feeds = {"INPUT": inputs, **(table.feeds(session)[subnet] if table else {})}
         for _ in range(WARMUP_RUNS + runs):
             session.run(None, feeds)
         events = json.loads(Path(session.end_profiling()).read_text())

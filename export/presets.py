@@ -14,6 +14,7 @@ DEFAULT_REPOSITORY = Path("model_repository")  # the Triton model repository ope
 PROFILE_REPEATS = 14  # timed rounds over every subnet and measured batch size; a profile keeps p50 and p99
 # timed batch sizes; a profile covers every size up to the largest (SuperServe's 16), linear between
 MEASURED_BATCH_SIZES = (1, 2, 4, 8, 12, 16)
+FAMILIES = ("cnn", "transformer")  # SubNetAct supernets: export.supernet's ResNet, export.transformer's encoder
 
 
 @dataclass(frozen=True)

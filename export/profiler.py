@@ -53,6 +53,7 @@ SHORTLIST_FRONTS = 3
 SEED_FRACTION = 0.15  # of the search budget: uniform and random subnets before the evolutionary part
 UNIFORM_DEPTH_LEVELS = 4
 SUPERNET_MODEL = "digits_supernet"  # Triton model name of the default supernet
+NORMS = ("shared", "folded")  # how the supernet graph holds SubnetNorm (export_supernet)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Candidate:
     accuracy: float  # top-1 on the held-out split
     macs: int  # multiply-accumulates for one image
     weight_bytes: int  # float32 parameters and statistics of the static subnet
-    stats: NormStats
+    stats: NormStats | None  # SubnetNorm's; None for a transformer (LayerNorm keeps none)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class Calibration:
             "macs": np.array([c.macs for c in self.candidates]),
             "weight_bytes": np.array([c.weight_bytes for c in self.candidates]),
         }
-        for j in range(len(self.candidates[0].stats.means)):
+        stats = self.candidates[0].stats
+        for j in range(len(stats.means) if stats else 0):
             arrays[f"mean_{j}"] = np.stack([c.stats.means[j] for c in self.candidates])
             arrays[f"var_{j}"] = np.stack([c.stats.variances[j] for c in self.candidates])
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,16 +89,16 @@ class Calibration:
         path.with_suffix(".tmp").replace(path)
 
     @classmethod
-    def load(cls, path: Path, act: SubNetAct) -> Calibration:
+    def load(cls, path: Path, layout: ControlLayout, n_norms: int) -> Calibration:
+        """Saved candidates of a supernet with ``n_norms`` SubnetNorm layers (0: none, no statistics)."""
         with np.load(path) as npz:
             raw = {key: npz[key] for key in npz.files}  # an NpzFile decompresses an array on every access
-        n_norms = len(act.norms)
         out = []
         for i, row in enumerate(raw["rows"]):
-            row_t = act.layout.validate(row.tolist())
+            row_t = layout.validate(row.tolist())
             stats = NormStats(tuple(raw[f"mean_{j}"][i] for j in range(n_norms)),
-                              tuple(raw[f"var_{j}"][i] for j in range(n_norms)))
-            out.append(Candidate(row_t, act.layout.subnet_id(row_t), float(raw["accuracy"][i]),
+                              tuple(raw[f"var_{j}"][i] for j in range(n_norms))) if n_norms else None
+            out.append(Candidate(row_t, layout.subnet_id(row_t), float(raw["accuracy"][i]),
                                  int(raw["macs"][i]), int(raw["weight_bytes"][i]), stats))
         return cls(tuple(out))
 
@@ -224,12 +226,16 @@ def shortlist(candidates: Sequence[Candidate], fronts: int = SHORTLIST_FRONTS) -
 
 
 def export_supernet(act: SubNetAct, candidates: Sequence[Candidate], repo: Path, name: str = SUPERNET_MODEL,
-                    **config: int) -> Path:
-    """Write the supernet with SubnetNorm tables for ``candidates`` (in that SUBNET order)."""
+                    norms: str = "shared", **config: int) -> Path:
+    """Write the supernet with SubnetNorm tables for ``candidates`` (in that SUBNET order): ``norms`` "shared"
+    (:func:`~export.onnx_writer.supernet_model`) or "folded" (:func:`~export.onnx_writer.folded_supernet_model`)."""
+    if norms not in NORMS:
+        raise ValueError(f"norms must be one of {NORMS}, got {norms!r}")
     act.set_norm_tables([c.stats for c in candidates])
     table = SubnetTable(act.layout, tuple(c.row for c in candidates))
-    model = onnx_writer.supernet_model(act, name)
-    return repository.write_supernet(repo, name, model, table, act.spec.image_size, act.spec.num_classes, **config)
+    model = (onnx_writer.folded_supernet_model(act, table.rows, name) if norms == "folded"
+             else onnx_writer.supernet_model(act, name))
+    return repository.write_supernet(repo, name, model, table, act.spec.num_classes, **config)
 
 
 def export_static(act: SubNetAct, candidate: Candidate, repo: Path, supernet_name: str = SUPERNET_MODEL,
@@ -239,8 +245,7 @@ def export_static(act: SubNetAct, candidate: Candidate, repo: Path, supernet_nam
     act.set_subnet(candidate.row, 0)
     name = repository.static_model_name(supernet_name, candidate.subnet_id)
     model = onnx_writer.static_model(extract_subnet(act), name)
-    return repository.write_static(repo, name, model, act.spec.image_size, act.spec.num_classes,
-                                   candidate.subnet_id, **config)
+    return repository.write_static(repo, name, model, act.spec.num_classes, candidate.subnet_id, **config)
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -263,18 +268,17 @@ def time_rounds(calls: Sequence[Callable[[], object]], repeats: int,
     return samples
 
 
-def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_size: int, *, mode: str,
+def measure_latency(candidates: Sequence[Candidate], version_dir: Path, samples: np.ndarray, *, mode: str,
                     repeats: int, grpc_url: str | None = None, model: str = SUPERNET_MODEL,
                     batch_sizes: Sequence[int] = MEASURED_BATCH_SIZES) -> list[LatencyCurve]:
-    """Latency curves (every size 1..max(``batch_sizes``)) of the exported supernet's subnets,
-    timed at ``batch_sizes`` via Triton (``grpc_url``) or onnxruntime.
+    """Latency curves (every size 1..max(``batch_sizes``)) of the exported supernet's subnets on the first
+    ``samples`` (images or token ids), timed at ``batch_sizes`` via Triton (``grpc_url``) or onnxruntime.
 
     Every round calls every subnet at every size once, so a slow spell of the machine lands on
     all subnets alike instead of on the few measured during it: the Pareto set compares
     subnets whose latencies differ by a few percent, less than such a spell adds.
     """
-    images = data.load(image_size)["heldout"].images
-    inputs = {b: np.ascontiguousarray(images[:b]) for b in batch_sizes}
+    inputs = {b: np.ascontiguousarray(samples[:b]) for b in batch_sizes}
     with contextlib.ExitStack() as stack:
         if mode == "onnxruntime":
             runner = SupernetRunner(version_dir)
@@ -299,8 +303,9 @@ def measure_latency(candidates: Sequence[Candidate], version_dir: Path, image_si
 
 def _triton_infer(client, model: str, x: np.ndarray, control: np.ndarray) -> np.ndarray:
     import tritonclient.grpc as grpcclient  # lazy: tritonclient
+    from tritonclient.utils import np_to_triton_dtype  # lazy: tritonclient
 
-    inputs = [grpcclient.InferInput("INPUT", list(x.shape), "FP32"),
+    inputs = [grpcclient.InferInput("INPUT", list(x.shape), np_to_triton_dtype(x.dtype)),
               grpcclient.InferInput("CONTROL", list(control.shape), "INT32")]
     inputs[0].set_data_from_numpy(x)
     inputs[1].set_data_from_numpy(control)
@@ -310,30 +315,38 @@ def _triton_infer(client, model: str, x: np.ndarray, control: np.ndarray) -> np.
 def profile_supernet(act: SubNetAct, calibration: Calibration, *, mode: str, repeats: int, name: str,
                      source: str) -> tuple[Profile, list[Candidate]]:
     """Measure the shortlist and return the Pareto profile with its candidates (same order)."""
-    short = shortlist(calibration.candidates)
-    log.info("measuring latency of %d shortlisted subnets (of %d searched) via %s",
-             len(short), len(calibration.candidates), mode)
+    return profile_candidates(calibration.candidates, lambda short, repo: export_supernet(act, short, repo),
+                              data.load(act.spec.image_size)["heldout"].images, SUPERNET_MODEL, mode=mode,
+                              repeats=repeats, name=name, source=source, metadata={
+                                  "control_layout": act.layout.to_json(), "dataset": "sklearn digits, held-out 30%"})
+
+
+def profile_candidates(candidates: Sequence[Candidate], export: Callable[[Sequence[Candidate], Path], Path],
+                       samples: np.ndarray, model: str, *, mode: str, repeats: int, name: str, source: str,
+                       metadata: dict) -> tuple[Profile, list[Candidate]]:
+    """Shortlist ``candidates``, write them as supernet ``model`` with ``export(shortlist, repository)``, time
+    them on ``samples`` and return the latency-accuracy Pareto profile with its candidates (same order)."""
+    short = shortlist(candidates)
+    log.info("measuring latency of %d shortlisted subnets (of %d searched) via %s", len(short), len(candidates), mode)
     with tempfile.TemporaryDirectory(prefix="accscale-profile-") as tmp:
-        version_dir = export_supernet(act, short, Path(tmp)) / "1"
+        version_dir = export(short, Path(tmp)) / "1"
         if mode == "triton":
-            with TritonServer(repository=Path(tmp), models=[SUPERNET_MODEL]) as server:
-                curves = measure_latency(short, version_dir, act.spec.image_size, mode=mode, repeats=repeats,
-                                         grpc_url=server.grpc_url)
+            with TritonServer(repository=Path(tmp), models=[model]) as server:
+                curves = measure_latency(short, version_dir, samples, mode=mode, repeats=repeats,
+                                         grpc_url=server.grpc_url, model=model)
         else:
-            curves = measure_latency(short, version_dir, act.spec.image_size, mode=mode, repeats=repeats)
+            curves = measure_latency(short, version_dir, samples, mode=mode, repeats=repeats)
     device = "cpu" if mode == "triton" else "cpu-onnxruntime"
     keep = sorted(pareto_front([(c.mean_p50_ms, s.accuracy) for s, c in zip(short, curves)]),
                   key=lambda i: (short[i].accuracy, short[i].subnet_id))
     variants = tuple(
-        Variant(short[i].subnet_id, short[i].accuracy,
-                Actuation("supernet", SUPERNET_MODEL, short[i].row), {device: curves[i]},
-                memory_bytes=short[i].weight_bytes, extras={"macs": short[i].macs})
+        Variant(short[i].subnet_id, short[i].accuracy, Actuation("supernet", model, short[i].row),
+                {device: curves[i]}, memory_bytes=short[i].weight_bytes, extras={"macs": short[i].macs})
         for i in keep
     )
     metadata = {
         "measured_with": mode, "repeats": repeats, "measured_batch_sizes": list(MEASURED_BATCH_SIZES),
-        "between_measured_sizes": "linear interpolation", "searched": len(calibration.candidates),
-        "shortlisted": len(short), "control_layout": act.layout.to_json(), "dataset": "sklearn digits, held-out 30%",
-        "pareto_cost": "mean p50 latency over batch sizes",
+        "between_measured_sizes": "linear interpolation", "searched": len(candidates),
+        "shortlisted": len(short), **metadata, "pareto_cost": "mean p50 latency over batch sizes",
     }
     return Profile(name, source, variants, metadata), [short[i] for i in keep]

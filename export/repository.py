@@ -82,24 +82,35 @@ def _write_model(repository: Path, name: str, model: onnx.ModelProto | None, con
     return model_dir
 
 
-def write_supernet(repository: Path, name: str, model: onnx.ModelProto, table: SubnetTable, image_size: int,
-                   num_classes: int, *, max_batch_size: int = 64, instances: int = 1, threads: int = 1) -> Path:
+def write_supernet(repository: Path, name: str, model: onnx.ModelProto, table: SubnetTable, num_classes: int, *,
+                   files: dict[str, str] | None = None, max_batch_size: int = 64, instances: int = 1,
+                   threads: int = 1) -> Path:
+    """A supernet model: the graph's ``INPUT`` and the CONTROL rows of ``table``'s layout, which its config
+    declares; ``files`` go beside the graph (a tokenizer's vocabulary)."""
     layout: ControlLayout = table.layout
     config = _config(
-        name,
-        [("INPUT", "TYPE_FP32", [1, image_size, image_size]), ("CONTROL", "TYPE_INT32", [layout.num_fields])],
+        name, [_graph_input(model), ("CONTROL", "TYPE_INT32", [layout.num_fields])],
         [("LOGITS", "TYPE_FP32", [num_classes])],
         {"runner": "supernet", "intra_op_threads": str(threads), "control_layout": layout.to_json()},
         max_batch_size, instances,
     )
-    return _write_model(repository, name, model, config, {SUBNETS_FILE: table.to_json()})
+    return _write_model(repository, name, model, config, {SUBNETS_FILE: table.to_json(), **(files or {})})
 
 
-def write_static(repository: Path, name: str, model: onnx.ModelProto, image_size: int, num_classes: int,
-                 subnet_id: str, *, max_batch_size: int = 64, instances: int = 1, threads: int = 1) -> Path:
-    return write_model(repository, name, model, [1, image_size, image_size], num_classes,
-                       {"runner": "static", "intra_op_threads": str(threads), "subnet": subnet_id},
-                       max_batch_size=max_batch_size, instances=instances)
+def write_static(repository: Path, name: str, model: onnx.ModelProto, num_classes: int, subnet_id: str, *,
+                 files: dict[str, str] | None = None, max_batch_size: int = 64, instances: int = 1,
+                 threads: int = 1) -> Path:
+    config = _config(name, [_graph_input(model)], [("LOGITS", "TYPE_FP32", [num_classes])],
+                     {"runner": "static", "intra_op_threads": str(threads), "subnet": subnet_id},
+                     max_batch_size, instances)
+    return _write_model(repository, name, model, config, files or {})
+
+
+def _graph_input(model: onnx.ModelProto, name: str = "INPUT") -> Tensor:
+    """The batched graph input ``name`` as the config declares it (type, dims without the batch)."""
+    (value,) = [v for v in model.graph.input if v.name == name]
+    tensor = value.type.tensor_type
+    return name, TRITON_TYPES[tensor.elem_type], [d.dim_value for d in tensor.shape.dim[1:]]
 
 
 def write_model(repository: Path, name: str, model: onnx.ModelProto | None, input_dims: list[int],

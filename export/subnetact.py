@@ -120,8 +120,11 @@ class SubnetNorm(nn.Module):
     def current_stats(self, num_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.state.index is None or self.state.index >= len(self.mean_table):
             raise RuntimeError("SubnetNorm: the active subnet has no calibrated statistics")
-        i = self.state.index
-        return self.mean_table[i, :num_channels], self.var_table[i, :num_channels]
+        return self.stats_of(self.state.index, num_channels)
+
+    def stats_of(self, index: int, num_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``index`` of the statistics tables, its first ``num_channels``."""
+        return self.mean_table[index, :num_channels], self.var_table[index, :num_channels]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = x.shape[1]

@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from python_backend import emulation
-from python_backend.runners import MODEL_FILE, make_session
+from python_backend.runners import MODEL_FILE, make_session, release_free_heap
 
 
 class TritonPythonModel:
@@ -28,6 +28,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / args["model_version"]
         self.session = make_session(version_dir / MODEL_FILE, int(params.get("intra_op_threads", "1")))
+        release_free_heap()
         self.inputs = [t["name"] for t in config["input"]]
         self.outputs = [t["name"] for t in config["output"]]
         self.batching = int(config.get("max_batch_size", 0)) > 0

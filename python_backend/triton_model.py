@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from python_backend import emulation
 from python_backend.control import ControlError
-from python_backend.runners import ComponentsRunner, StaticRunner, SupernetRunner
+from python_backend.runners import ComponentsRunner, StaticRunner, SupernetRunner, release_free_heap
 
 RUNNERS = {"supernet": SupernetRunner, "static": StaticRunner, "components": ComponentsRunner}
 
@@ -42,6 +42,7 @@ class TritonPythonModel:
         except ValueError as exc:
             raise pb_utils.TritonModelException(str(exc)) from None
         self._warm_up(config)
+        release_free_heap()
 
     def _warm_up(self, config: dict) -> None:
         """Run every variant at every power-of-two batch size up to the maximum before Triton calls us ready.
@@ -56,7 +57,8 @@ class TritonPythonModel:
         sizes = [1 << i for i in range(int(config.get("max_batch_size", 1)).bit_length())]
         start = time.perf_counter()
         dims = [int(d) for d in image["dims"]]  # int64 fields come as strings in the JSON config
-        runs = sum(self.runner.warm_up(np.zeros((b, *dims), np.float32)) for b in sizes)
+        dtype = pb_utils.triton_string_to_numpy(image["data_type"])  # images, or a transformer's token ids
+        runs = sum(self.runner.warm_up(np.zeros((b, *dims), dtype)) for b in sizes)
         pb_utils.Logger.log_info(f"{config['name']}: warmed up with {runs} runs (batch sizes {sizes}) "
                                  f"in {time.perf_counter() - start:.2f} s")
 

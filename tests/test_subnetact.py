@@ -97,6 +97,27 @@ def test_supernet_onnx_has_control_flow_and_matches_torch(tmp_path):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_folded_supernet_onnx_runs_each_subnet_as_torch_does(tmp_path):
+    """The graph with one folded subnet per SUBNET value: If nodes only on SUBNET, no Slice or Gather left, and
+    the same outputs as torch (and as the shared graph) for every calibrated subnet."""
+    act = make_act()
+    rows = calibrate_random(act, 7)
+    model = onnx_writer.folded_supernet_model(act, rows)
+    assert {i.name for i in model.graph.input} == {"INPUT", "SUBNET"}
+    assert {n.op_type for n in model.graph.node} == {"If", "Less", "Identity"}  # three levels for 7 subnets
+    assert not {"Slice", "Gather"} & {n.op_type for g in _subgraphs(model.graph) for n in g.node}
+    runner = _export(act, rows, tmp_path, model)
+    x = make_images(3)
+    for i, row in enumerate(rows):
+        act.set_subnet(row, i)
+        with torch.no_grad():
+            expected = act(x).numpy()
+        got = runner.infer(x.numpy(), np.tile(np.array(row, dtype=np.int32), (3, 1)))
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="7 calibrated"):
+        onnx_writer.folded_supernet_model(act, rows[:3])
+
+
 def test_runner_groups_mixed_rows(tmp_path):
     """A batch whose rows name different subnets equals one run per row."""
     act = make_act()

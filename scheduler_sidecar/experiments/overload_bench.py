@@ -420,7 +420,7 @@ def deployment(args: argparse.Namespace, progress):
     with tempfile.TemporaryDirectory() as tmp:
         if args.profile is None:
             repository, profile, name, models = Path(tmp) / "repository", Path(tmp) / "profile.json", MODEL, [MODEL]
-            write_static(repository, MODEL, convnet_model(), IMAGE_SIZE, NUM_CLASSES, MODEL)
+            write_static(repository, MODEL, convnet_model(), NUM_CLASSES, MODEL)
         else:
             repository, profile, name = args.repository, args.profile, args.model_name
             models = sorted({v.actuation.model for v in Profile.load(profile).variants})

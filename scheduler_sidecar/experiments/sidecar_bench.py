@@ -262,7 +262,7 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
     binary = ensure()
     with tempfile.TemporaryDirectory() as tmp:
         repository, profile = Path(tmp) / "repository", Path(tmp) / "profile.json"
-        write_static(repository, MODEL, trivial_model(), IMAGE_SIZE, NUM_CLASSES, MODEL)
+        write_static(repository, MODEL, trivial_model(), NUM_CLASSES, MODEL)
         python_args = ["-m", "cProfile", "-o", str(cprofile)] if cprofile else []
         with deploy(repository, [MODEL], profile=profile, before_sidecar=profiled, python_args=python_args,
                     sidecar_args=["--model-name", MODEL]) as d:
