@@ -10,6 +10,7 @@ Three ratios, each measured in one run on real Triton servers (SuperServe sectio
   tritonserver and its python-backend stubs serving ``--spread`` Pareto subnets as separate
   models, over the same for the one supernet model serving every Pareto subnet. Each
   python-backend model is its own process, so this is mostly process memory;
+  ``model_memory_ratio`` leaves the server's own memory out (the same for both);
   ``weights_ratio`` compares the weights alone (the separate ONNX files over the supernet's).
 - ``exec_overhead``: per batch size, latency of a subnet through the supernet over the same
   subnet exported statically, both loaded in one server and called alternately.
@@ -83,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"actuation_ratio {result['actuation_ratio']:.1f}  (load {result['load_ms']:.1f} ms vs switch "
               f"{result['switch_ms']:.2f} ms)")
         print(f"memory_ratio    {result['memory_ratio']:.2f}  ({result['memory_separate_mib']:.0f} MiB for "
-              f"{args.spread} models vs {result['memory_supernet_mib']:.0f} MiB)")
+              f"{args.spread} models vs {result['memory_supernet_mib']:.0f} MiB; the models alone "
+              f"{result['model_memory_ratio']:.2f}: {result['model_memory_separate_mib']:.0f} vs "
+              f"{result['model_memory_supernet_mib']:.0f} MiB)")
         for b, ratio in result["exec_overhead"].items():
             print(f"exec_overhead   batch {b:>2}: {ratio:.2f}")
     return 0
@@ -121,13 +124,13 @@ def bench_subnetact(family: str, preset: str, build_dir: Path, *, spread: int, r
         with TritonServer(repository=repo, models=[supernet]) as server, _client(server) as client:
             for c in pareto:  # touch every subnet once, as serving would
                 _infer(client, supernet, images[:1], c.row)
-            memory_supernet = _pss_bytes(server.pid)
+            memory_supernet, models_supernet = _pss_bytes(server.pid)
             switch = [_timed(lambda i=i: _infer(client, supernet, images[:1], pareto[i % len(pareto)].row))
                       for i in range(repeats)]  # every call names a different subnet than the one before
         with TritonServer(repository=repo, models=statics) as server, _client(server) as client:
             for name in statics:
                 _infer(client, name, images[:1])
-            memory_separate = _pss_bytes(server.pid)
+            memory_separate, models_separate = _pss_bytes(server.pid)
             client.load_model(supernet)
             overhead = {b: _exec_ratios(client, chosen, images[:b], repeats, supernet) for b in EXEC_BATCH_SIZES}
             load = []
@@ -146,6 +149,9 @@ def bench_subnetact(family: str, preset: str, build_dir: Path, *, spread: int, r
         "memory_ratio": memory_separate / memory_supernet,
         "memory_separate_mib": memory_separate / 2**20,
         "memory_supernet_mib": memory_supernet / 2**20,
+        "model_memory_ratio": models_separate / models_supernet,
+        "model_memory_separate_mib": models_separate / 2**20,
+        "model_memory_supernet_mib": models_supernet / 2**20,
         "weights_ratio": weights_separate / weights_supernet,
         "separate_models": len(statics),
         "supernet_subnets": len(pareto),
@@ -205,9 +211,11 @@ def _wait_unloaded(client, name: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def _pss_bytes(pid: int) -> int:
-    """PSS of a process and all its descendants (the python-backend stubs)."""
+def _pss_bytes(pid: int) -> tuple[int, int]:
+    """PSS of a tritonserver and all its descendants, and of the descendants alone (the python-backend stubs, one
+    per model instance: the models' own memory, without the server's)."""
     import psutil  # lazy: psutil
 
     root = psutil.Process(pid)
-    return sum(p.memory_full_info().pss for p in [root, *root.children(recursive=True)])
+    models = sum(p.memory_full_info().pss for p in root.children(recursive=True))
+    return root.memory_full_info().pss + models, models

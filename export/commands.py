@@ -228,7 +228,7 @@ def run_export(args: argparse.Namespace) -> int:
         chosen = list(calibration.candidates)
     model_dir = export_supernet(act, chosen, args.repository, norms=args.norms, instances=args.instances,
                                 threads=args.threads)
-    print(f"supernet model: {model_dir} ({len(chosen)} calibrated subnets, norms {args.norms})")
+    print(f"supernet model: {model_dir} ({len(chosen)} calibrated subnets), norms {args.norms}")
     static_ids = list(args.static) + ([v.id for v in profile.spread(args.static_spread)] if profile else [])
     for candidate in calibration.select(static_ids):
         path = export_static(act, candidate, args.repository, instances=args.instances, threads=args.threads)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from export import data, profiler, text_artifacts, transformer
+from export.artifacts import Artifacts
 from export.presets import FAMILIES, PROFILE_REPEATS, get_preset
 from export.profiler import Calibration, Candidate
 from scheduler_sidecar.core.profile import Profile
@@ -42,9 +44,6 @@ def build(family: str, preset: str, build_dir: Path, *, mode: str = "triton", re
     """``family``'s supernet of ``preset``: trained, calibrated and profiled, each step cached unless stale (the
     profile also when ``rebuild``; at ``out`` if given)."""
     if family == "cnn":
-        from export import data, profiler  # lazy: torch
-        from export.artifacts import Artifacts  # lazy: torch
-
         artifacts = Artifacts(get_preset(preset), build_dir)
         act = artifacts.supernet()
         calibration = artifacts.calibration(act)
@@ -55,10 +54,7 @@ def build(family: str, preset: str, build_dir: Path, *, mode: str = "triton", re
                              functools.partial(profiler.export_supernet, act),
                              functools.partial(profiler.export_static, act))
     if family == "transformer":
-        from export import text_artifacts  # lazy: torch
-        from export.transformer import get_preset as get_text_preset
-
-        texts = text_artifacts.TextArtifacts(get_text_preset(preset), build_dir)
+        texts = text_artifacts.TextArtifacts(transformer.get_preset(preset), build_dir)
         model, tokenizer = texts.encoder(), texts.tokenizer()
         calibration = texts.calibration(model)
         profile, kept = texts.profiled(model, calibration, mode=mode, repeats=repeats, rebuild=rebuild, out=out)

@@ -33,3 +33,10 @@ def test_bench_subnetact_refuses_no_repeats(capsys):
 
     assert main(["bench", "subnetact", "--breakdown", "--repeats", "0"]) == 2
     assert "--repeats, --spread and --loads must be >= 1" in capsys.readouterr().err
+
+
+def test_bench_subnetact_refuses_folding_the_transformers_norms(capsys):
+    from scheduler_sidecar.cli import main
+
+    assert main(["bench", "subnetact", "--family", "transformer", "--norms", "folded"]) == 2
+    assert "the transformer has no norms to fold" in capsys.readouterr().err
