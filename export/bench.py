@@ -13,7 +13,8 @@ Three ratios, each measured in one run on real Triton servers (SuperServe sectio
   ``model_memory_ratio`` leaves the server's own memory out (the same for both);
   ``weights_ratio`` compares the weights alone (the separate ONNX files over the supernet's).
 - ``exec_overhead``: per batch size, latency of a subnet through the supernet over the same
-  subnet exported statically, both loaded in one server and called alternately.
+  subnet exported statically, both loaded in one server and called alternately (each request
+  built before it is timed).
 
 With ``--breakdown``, no server: where each subnet's time goes in the two graphs under onnxruntime's profiler
 (:mod:`export.overheads`), per batch size.
@@ -22,6 +23,7 @@ With ``--breakdown``, no server: where each subnet's time goes in the two graphs
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import statistics
@@ -169,12 +171,15 @@ def _exec_ratios(client, chosen, x: np.ndarray, repeats: int, supernet: str) -> 
     ratios = {}
     for c in chosen:
         static = static_model_name(supernet, c.subnet_id)
+        # the requests are built before the clock starts: what is timed is serving them, not the client's numpy
+        dynamic_call = functools.partial(client.infer, supernet, _inputs(x, c.row))
+        static_call = functools.partial(client.infer, static, _inputs(x))
         dynamic, fixed = [], []
         for _ in range(2):  # warm-up
-            _infer(client, supernet, x, c.row), _infer(client, static, x)
+            dynamic_call(), static_call()
         for _ in range(repeats):
-            dynamic.append(_timed(lambda c=c, x=x: _infer(client, supernet, x, c.row)))
-            fixed.append(_timed(lambda static=static, x=x: _infer(client, static, x)))
+            dynamic.append(_timed(dynamic_call))
+            fixed.append(_timed(static_call))
         ratios[c.subnet_id] = statistics.median(dynamic) / statistics.median(fixed)
     log.info("batch %d: supernet/static latency %s", len(x), {k: round(v, 3) for k, v in ratios.items()})
     return ratios
@@ -187,6 +192,11 @@ def _client(server):
 
 
 def _infer(client, model: str, x: np.ndarray, row: tuple[int, ...] | None = None) -> np.ndarray:
+    return client.infer(model, _inputs(x, row)).as_numpy("LOGITS")
+
+
+def _inputs(x: np.ndarray, row: tuple[int, ...] | None = None) -> list:
+    """A request's tensors: ``x`` as INPUT, and every row running subnet ``row`` if given."""
     import tritonclient.grpc as grpcclient  # lazy: tritonclient
     from tritonclient.utils import np_to_triton_dtype  # lazy: tritonclient
 
@@ -196,7 +206,7 @@ def _infer(client, model: str, x: np.ndarray, row: tuple[int, ...] | None = None
         control = np.tile(np.asarray(row, dtype=np.int32), (len(x), 1))
         inputs.append(grpcclient.InferInput("CONTROL", list(control.shape), "INT32"))
         inputs[1].set_data_from_numpy(control)
-    return client.infer(model, inputs).as_numpy("LOGITS")
+    return inputs
 
 
 def _timed(call: Callable[[], object]) -> float:
