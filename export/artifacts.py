@@ -20,7 +20,14 @@ from pathlib import Path
 from export import data, onnx_writer, train
 from export.cache import exclusive, file_hash, fresh, hash_parts, stamp
 from export.presets import DEFAULT_BUILD_DIR, MEASURED_BATCH_SIZES, PROFILE_REPEATS, Preset
-from export.profiler import CALIBRATION_IMAGES, Calibration, Candidate, profile_supernet, search
+from export.profiler import (
+    CALIBRATION_IMAGES,
+    Calibration,
+    Candidate,
+    cached_profile,
+    profile_supernet,
+    search,
+)
 from export.subnetact import SubNetAct
 from scheduler_sidecar.core.profile import Profile
 
@@ -76,14 +83,7 @@ class Artifacts:
         # the graph writer is part of the key: latency is measured on the exported graph
         key = hash_parts(file_hash(self.calibration_path), file_hash(Path(onnx_writer.__file__)), mode,
                          str(repeats), repr(MEASURED_BATCH_SIZES))
-        with exclusive(self.folder):
-            if not rebuild and fresh(path, key):
-                profile = Profile.load(path)
-                return profile, calibration.select([v.id for v in profile.variants])
-            source = (f"accscale profile --preset {self.preset.name} --mode {mode} on {platform.node()} "
-                      f"({platform.machine()})")
-            profile, kept = profile_supernet(act, calibration, mode=mode, repeats=repeats,
-                                             name=f"digits-supernet-{self.preset.name}", source=source)
-            profile.save(path)
-            stamp(path, key)
-            return profile, kept
+        source = (f"accscale profile --preset {self.preset.name} --mode {mode} on {platform.node()} "
+                  f"({platform.machine()})")
+        return cached_profile(self.folder, path, key, calibration, rebuild=rebuild, measure=lambda: profile_supernet(
+            act, calibration, mode=mode, repeats=repeats, name=f"digits-supernet-{self.preset.name}", source=source))

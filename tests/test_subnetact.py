@@ -87,14 +87,7 @@ def test_supernet_onnx_has_control_flow_and_matches_torch(tmp_path):
     ops = {n.op_type for n in model.graph.node}
     assert {"If", "Gather"} <= ops
     assert "Slice" in {n.op_type for g in _subgraphs(model.graph) for n in g.node}
-    runner = _export(act, rows, tmp_path, model)
-    x = make_images(4)
-    for i, row in enumerate(rows):
-        act.set_subnet(row, i)
-        with torch.no_grad():
-            expected = act(x).numpy()
-        got = runner.infer(x.numpy(), np.tile(np.array(row, dtype=np.int32), (4, 1)))
-        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    _assert_every_row_matches_torch(act, rows, _export(act, rows, tmp_path, model))
 
 
 def test_folded_supernet_onnx_runs_each_subnet_as_torch_does(tmp_path):
@@ -106,14 +99,7 @@ def test_folded_supernet_onnx_runs_each_subnet_as_torch_does(tmp_path):
     assert {i.name for i in model.graph.input} == {"INPUT", "SUBNET"}
     assert {n.op_type for n in model.graph.node} == {"If", "Less", "Identity"}  # three levels for 7 subnets
     assert not {"Slice", "Gather"} & {n.op_type for g in _subgraphs(model.graph) for n in g.node}
-    runner = _export(act, rows, tmp_path, model)
-    x = make_images(3)
-    for i, row in enumerate(rows):
-        act.set_subnet(row, i)
-        with torch.no_grad():
-            expected = act(x).numpy()
-        got = runner.infer(x.numpy(), np.tile(np.array(row, dtype=np.int32), (3, 1)))
-        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    _assert_every_row_matches_torch(act, rows, _export(act, rows, tmp_path, model))
     with pytest.raises(ValueError, match="7 calibrated"):
         onnx_writer.folded_supernet_model(act, rows[:3])
 
@@ -145,6 +131,16 @@ def test_static_onnx_matches_torch(tmp_path):
     x = make_images(3)
     with torch.no_grad():
         np.testing.assert_allclose(StaticRunner(tmp_path).run(x.numpy()), static(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _assert_every_row_matches_torch(act, rows, runner: SupernetRunner) -> None:
+    x = make_images(4)
+    for i, row in enumerate(rows):
+        act.set_subnet(row, i)
+        with torch.no_grad():
+            expected = act(x).numpy()
+        got = runner.infer(x.numpy(), np.tile(np.array(row, dtype=np.int32), (4, 1)))
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def _export(act, rows, folder, model=None) -> SupernetRunner:
