@@ -68,16 +68,17 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.spread < 1 or args.loads < 1:
         raise ConfigError(f"--repeats, --spread and --loads must be >= 1, got {args.repeats}, {args.spread} and "
                           f"{args.loads}")
+    if args.norms and args.family != "cnn":
+        raise ConfigError("--norms chooses how the CNN's SubnetNorm is written; the transformer has no norms to fold")
+    export = {"norms": args.norms} if args.norms else {}
     if args.breakdown:
-        rows = bench_breakdown(args.family, args.preset, args.build_dir, spread=args.spread, repeats=args.repeats)
+        rows = bench_breakdown(args.family, args.preset, args.build_dir, spread=args.spread, repeats=args.repeats,
+                               **export)
         if args.json:
             print(json.dumps({"breakdown": rows}))
         else:
             print(markdown_table(rows, list(rows[0])))
         return 0
-    if args.norms and args.family != "cnn":
-        raise ConfigError("--norms chooses how the CNN's SubnetNorm is written; the transformer has no norms to fold")
-    export = {"norms": args.norms} if args.norms else {}
     result = bench_subnetact(args.family, args.preset, args.build_dir, spread=args.spread, repeats=args.repeats,
                              loads=args.loads, **export)
     if args.json:
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_breakdown(family: str, preset: str, build_dir: Path, *, spread: int, repeats: int) -> list[dict]:
+def bench_breakdown(family: str, preset: str, build_dir: Path, *, spread: int, repeats: int,
+                    **export: str) -> list[dict]:
     """:func:`export.overheads.breakdown` of each of ``spread`` Pareto subnets at each of EXEC_BATCH_SIZES."""
     from export.overheads import breakdown  # lazy: onnxruntime
     from export.supernets import build  # lazy: onnx, torch
@@ -103,7 +105,7 @@ def bench_breakdown(family: str, preset: str, build_dir: Path, *, spread: int, r
     chosen, inputs = built.chosen(spread), built.samples[:EXEC_BATCH_SIZES[-1]]
     with tempfile.TemporaryDirectory(prefix="accscale-bench-") as tmp:
         repo = Path(tmp)
-        supernet = built.export_supernet(built.pareto, repo) / "1"
+        supernet = built.export_supernet(built.pareto, repo, **export) / "1"
         statics = {c.subnet_id: built.export_static(c, repo) / "1" for c in chosen}
         return [breakdown(supernet, statics[c.subnet_id], c.subnet_id, inputs[:b], repeats)
                 for c in chosen for b in EXEC_BATCH_SIZES]
