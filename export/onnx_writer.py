@@ -195,14 +195,26 @@ class _FoldedEmitter(_Emitter):
         return g.op("BatchNormalization", [x] + params, epsilon=module.eps)
 
 
-def choice_tree(g: Graph, parent: Graph, choice: str, n: int, leaf: Callable[[Graph, int], str]) -> str:
-    """``leaf(branch, i)`` for the ``i`` that ``choice`` holds, reached through a balanced tree of ``If`` on it
-    (two levels for four choices): WeightSlice's branches, each emitted with its own constant slices."""
+def choice_tree(g: Graph, parent: Graph, choice: str, n: int, leaf: Callable[[Graph, int], str],
+                weights: Sequence[float] | None = None) -> str:
+    """``leaf(branch, i)`` for the ``i`` that ``choice`` holds, reached through a tree of ``If`` on it: balanced (two
+    levels for four choices), or with ``weights`` split where the weight is halved, so that a leaf of weight w sits
+    about log2(total / w) levels deep."""
+
+    def split(lo: int, hi: int) -> int:
+        if weights is None:
+            return (lo + hi) // 2
+        half, total = sum(weights[lo:hi]) / 2, 0.0
+        for mid in range(lo + 1, hi):
+            total += weights[mid - 1]
+            if total + weights[mid] / 2 >= half:
+                return mid
+        return hi - 1
 
     def subtree(p: Graph, lo: int, hi: int) -> str:
         if hi - lo == 1:
             return leaf(p, lo)
-        mid = (lo + hi) // 2
+        mid = split(lo, hi)
         low, high = Graph(g), Graph(g)
         low_out, high_out = subtree(low, lo, mid), subtree(high, mid, hi)
         return p.op("If", [p.op("Less", [choice, g.const(np.array(mid), "choice")])],
@@ -284,11 +296,14 @@ def supernet_model(act: SubNetAct, name: str = "supernet") -> onnx.ModelProto:
     return finish(g, inputs, act.spec.num_classes, name)
 
 
-def folded_supernet_model(act: SubNetAct, rows: Sequence[tuple[int, ...]], name: str = "supernet") -> onnx.ModelProto:
+def folded_supernet_model(act: SubNetAct, rows: Sequence[tuple[int, ...]], name: str = "supernet",
+                          costs: Sequence[float] | None = None) -> onnx.ModelProto:
     """The supernet as one static subnet per calibrated row (SUBNET i runs ``rows[i]``, with row i of the
-    SubnetNorm tables), reached through a balanced tree of ``If`` on SUBNET: a run crosses log2(len(rows)) ``If``
-    nodes instead of three per block, and each subnet's norms fold into its convolutions. Memory grows with the
-    number of subnets (each holds its folded weights); :func:`supernet_model` shares every weight instead."""
+    SubnetNorm tables), reached through a tree of ``If`` on SUBNET: a run crosses about log2(len(rows)) ``If``
+    nodes instead of three per block, and each subnet's norms fold into its convolutions. With ``costs`` (per row,
+    e.g. MACs) the tree is weighted by 1 / cost: an ``If`` costs every subnet the same (about 10 µs here), so the
+    cheapest subnets, for which that weighs most, sit nearest the root. Memory grows with the number of subnets
+    (each holds its folded weights); :func:`supernet_model` shares every weight instead."""
     if act.num_calibrated != len(rows):
         raise ValueError(f"{len(rows)} rows for {act.num_calibrated} calibrated SubnetNorm rows")
     layout, emit, g = act.layout, _FoldedEmitter(), Graph()
@@ -303,7 +318,8 @@ def folded_supernet_model(act: SubNetAct, rows: Sequence[tuple[int, ...]], name:
                 x = emit.block(branch, x, stage[b].block, channels(fraction, stage[b].width.max_channels))
         return emit.head(branch, x, act.model.head)
 
-    g.nodes.append(helper.make_node("Identity", [choice_tree(g, g, SUBNET, len(rows), subnet)], [LOGITS]))
+    weights = [1 / c for c in costs] if costs is not None else None
+    g.nodes.append(helper.make_node("Identity", [choice_tree(g, g, SUBNET, len(rows), subnet, weights)], [LOGITS]))
     inputs = [_image_input(act.spec.image_size), helper.make_tensor_value_info(SUBNET, TensorProto.INT64, [])]
     return finish(g, inputs, act.spec.num_classes, name)
 

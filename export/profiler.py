@@ -234,8 +234,8 @@ def export_supernet(act: SubNetAct, candidates: Sequence[Candidate], repo: Path,
         raise ValueError(f"norms must be one of {NORMS}, got {norms!r}")
     act.set_norm_tables([c.stats for c in candidates])
     table = SubnetTable(act.layout, tuple(c.row for c in candidates))
-    model = (onnx_writer.folded_supernet_model(act, table.rows, name) if norms == "folded"
-             else onnx_writer.supernet_model(act, name))
+    model = (onnx_writer.folded_supernet_model(act, table.rows, name, costs=[c.macs for c in candidates])
+             if norms == "folded" else onnx_writer.supernet_model(act, name))
     return repository.write_supernet(repo, name, model, table, act.spec.num_classes, **config)
 
 

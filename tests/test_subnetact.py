@@ -104,6 +104,30 @@ def test_folded_supernet_onnx_runs_each_subnet_as_torch_does(tmp_path):
         onnx_writer.folded_supernet_model(act, rows[:3])
 
 
+def test_a_weighted_choice_tree_reaches_every_leaf_and_the_heaviest_first():
+    """Each value of the choice reaches its own leaf; a leaf weighing as much as the others together sits right
+    under the root, where a balanced tree of eight leaves would put it three levels down."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    g = onnx_writer.Graph()
+    choice = "CHOICE"
+
+    def leaf(branch, i):
+        return branch.op("Identity", [g.const(np.array([float(i)], np.float32), "leaf")])
+
+    out = onnx_writer.choice_tree(g, g, choice, 8, leaf, weights=[7, 1, 1, 1, 1, 1, 1, 1])
+    (root,) = [n for n in g.nodes if n.op_type == "If"]
+    then_branch = next(a.g for a in root.attribute if a.name == "then_branch")
+    assert [n.op_type for n in then_branch.node] == ["Identity"]
+    graph = helper.make_graph(g.nodes, "tree", [helper.make_tensor_value_info(choice, TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], initializer=g.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", onnx_writer.OPSET)])
+    model.ir_version = onnx_writer.IR_VERSION
+    session = ort.InferenceSession(model.SerializeToString())
+    assert [float(session.run(None, {choice: np.array(i)})[0][0]) for i in range(8)] == list(range(8))
+
+
 def test_runner_groups_mixed_rows(tmp_path):
     """A batch whose rows name different subnets equals one run per row."""
     act = make_act()
