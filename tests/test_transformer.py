@@ -43,8 +43,8 @@ def test_the_task_composes_the_shipped_snippets_words_and_labels_by_its_rule():
 
 
 def test_every_subnet_of_the_graphs_matches_torch():
-    """The supernet graph (control inputs) and each static graph equal the torch module on every subnet of a tiny
-    untrained encoder, with padding (a row that is all padding included)."""
+    """The supernet graph (control inputs) equals the torch module on every subnet of a tiny untrained encoder, and
+    so does the static graph of every third, with padding (a row that is all padding included)."""
     import onnx
     import onnxruntime as ort
 
@@ -56,18 +56,20 @@ def test_every_subnet_of_the_graphs_matches_torch():
     supernet = ort.InferenceSession(transformer_onnx.supernet_model(model).SerializeToString())
     rows = all_rows(model)
     assert len(rows) == 4 + 16 + 64
-    for row in rows:
+    for i, row in enumerate(rows):
         model.set_subnet(row)
         with torch.no_grad():
             expected = model(torch.from_numpy(x)).numpy()
         got = supernet.run(["LOGITS"], {"INPUT": x, "DEPTH": np.array(row[:1]), "WIDTH": np.array(row[1:])})[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+        if i % 3:
+            continue  # a static graph is a session of its own: every third subnet's, every depth among them
         static_graph = transformer_onnx.static_model(model, row)
         weights = [t for t in static_graph.graph.initializer
                    if t.data_type == onnx.TensorProto.FLOAT and np.prod(t.dims) > 1]  # not the scalars
         assert sum(len(t.raw_data) for t in weights) == TINY.weight_bytes(row)
         static = ort.InferenceSession(static_graph.SerializeToString())
-        for out in (got, static.run(["LOGITS"], {"INPUT": x})[0]):
-            np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(static.run(["LOGITS"], {"INPUT": x})[0], expected, rtol=1e-4, atol=1e-5)
 
 
 def test_width_keeps_the_first_heads_and_units_and_depth_the_first_layers():
@@ -107,7 +109,7 @@ def test_the_transformer_demo_serves_every_pareto_subnet_as_torch_computes_it(tm
     out, repository = tmp_path / "demo", tmp_path / "repository"
     # the SLO is the test's: the suite loads the machine, and what is tested here is serving, not the SLO's regime
     assert main(["demo", "--family", "transformer", "--preset", "fast", "--build-dir", str(REPO_ROOT / "build"),
-                 "--repository", str(repository), "--duration-s", "2", "--slo-ms", "40", "--out", str(out)]) == 0
+                 "--repository", str(repository), "--duration-s", "1", "--slo-ms", "40", "--out", str(out)]) == 0
     assert f"report: {out / 'report' / 'report.html'}" in capsys.readouterr().out
     artifacts = TextArtifacts(transformer.get_preset("fast"), REPO_ROOT / "build")
     model, profile = artifacts.encoder(), Profile.load(artifacts.profile_path)
