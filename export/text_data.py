@@ -134,13 +134,20 @@ def compose(n: int, seed: int, lex: Lexicon) -> TextSplit:
     return TextSplit(tuple(texts), np.array([label(t, lex) for t in texts], dtype=np.int64))
 
 
-@lru_cache(maxsize=1)
+SPLITS = {"train": (TRAIN_SENTENCES, TRAIN_SEED), "heldout": (HELDOUT_SENTENCES, HELDOUT_SEED)}
+
+
+@lru_cache(maxsize=len(SPLITS))
+def split(name: str) -> TextSplit:
+    """The ``train`` or ``heldout`` sentences, composed with their fixed seed (each only when asked for)."""
+    return compose(*SPLITS[name], lexicon())
+
+
 def load() -> dict[str, TextSplit]:
-    """``{"train": ..., "heldout": ...}``, composed with fixed seeds."""
-    lex = lexicon()
-    return {"train": compose(TRAIN_SENTENCES, TRAIN_SEED, lex), "heldout": compose(HELDOUT_SENTENCES, HELDOUT_SEED, lex)}
+    """``{"train": ..., "heldout": ...}``."""
+    return {name: split(name) for name in SPLITS}
 
 
 def vocabulary(size: int) -> Tokenizer:
     """The training split's ``size`` most frequent tokens (every word it uses, at the presets' sizes)."""
-    return Tokenizer.from_corpus(load()["train"].texts, size, min_count=1)
+    return Tokenizer.from_corpus(split("train").texts, size, min_count=1)
