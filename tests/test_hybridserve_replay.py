@@ -119,9 +119,6 @@ CLAIMS = {
     # Table V's 14x is energy on GPUs, with fewer partitioned giant-model replicas and several models packed per GPU;
     # ours is compute on CPU: 2.5x and 7.2x in the two builds (the authors' prototype data: 2.2x for ViT)
     "table5.ap_saving": False,
-    # EO's replicas R ∝ ρl: no violation up to the planned capacity, the uniform spread 5.20% in this machine's build
-    # and 2.82% and 10.20% in two fresh clones' (summed over the loads; the profiled latencies differ)
-    "replay.eo.replicas_beat_uniform": True, "replay.eo.balanced_beat_uniform": True,
     **{f"fig4.x{f:g}.{m}_tail_within": True for f in (0.25, 0.5, 0.75) for m in ("ap", "eo")},
 }
 # claims whose outcome depends on the trained weights, measured in the two builds: AP 93.36 vs the largest 93.18
@@ -131,8 +128,13 @@ CLAIMS = {
 # Fig. 4's average speedups also depend on the build's profiled latencies, which a fresh clone measures while the
 # suite loads the machine: at a quarter of the largest model's capacity AP was 1.9x, 3.7x and above 5.6x in three
 # builds (the paper's 5.6x, with a DeepSpeed baseline that partitions the giant model over GPUs)
+# EO's replicas R ∝ ρl against uniform ones: no violation up to the planned capacity, the uniform spread 5.20% in
+# this machine's build and 2.82% and 10.20% in two fresh clones' (summed over the loads; the profiled latencies
+# differ); in a third fresh clone's (issue 31's last run) the uniform spread violated nothing either, and the
+# strict claim did not hold
 BUILD_DEPENDENT = {"table4.ap_matches_largest", "table4.eo_at_least_second_largest", "replay.ap.replicas_beat_uniform",
-                   "replay.ap.balanced_beat_uniform",
+                   "replay.ap.balanced_beat_uniform", "replay.eo.replicas_beat_uniform",
+                   "replay.eo.balanced_beat_uniform",
                    *(f"fig4.x{f:g}.{m}_mean_speedup" for f in (0.25, 0.5, 0.75) for m in ("ap", "eo"))}
 
 
