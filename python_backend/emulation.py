@@ -4,10 +4,12 @@ Proteus plans over heterogeneous devices; on one CPU machine a slower kind is em
 tritonserver started with ``ACCSCALE_EMULATED_SLOWDOWN=f``. After computing a batch, a model
 sleeps until the batch has taken ``f`` times its profiled latency at that size, when its version
 folder has the profile (``latency.json``: ``{"batch_sizes": [...], "p50_ms": [...]}``, a size between
-profiled ones taking the next one's), or else ``f - 1`` times the median compute of its recent
-batches of that size. Either way a batch the machine happened to slow down is not slowed ``f``
-times more, and a profile's curves for that kind are the measured ones times ``f``. The sleep leaves
-the cores free, so several emulated devices share a small machine.
+profiled ones taking the next one's), or else ``f`` times the fastest compute it has seen at that size.
+Either way the emulated device keeps one speed: a batch the machine slowed down is not slowed ``f`` times
+more, nor does a host loaded for a while (other processes on a small machine) slow the device ``f`` times
+as much, which would break what a profile taken earlier on the same server predicts. A profile's curves for
+that kind are the measured ones times ``f``. The sleep leaves the cores free, so several emulated devices
+share a small machine.
 
 Triton's statistics count a batch's sleep as compute. What the models really computed is the counter
 ``accscale_model_compute_seconds`` (label ``model``) on Triton's metrics endpoint: each batch adds its time before
@@ -19,14 +21,11 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import statistics
 import time
-from collections import deque
 from pathlib import Path
 
 SLOWDOWN_ENV = "ACCSCALE_EMULATED_SLOWDOWN"
 LATENCY_FILE = "latency.json"
-WINDOW = 32  # recent batches per size whose median sets the padding of a model with no profile
 COMPUTE_METRIC = "accscale_model_compute_seconds"
 
 
@@ -61,7 +60,7 @@ class Padding:
         profile = json.loads(path.read_text()) if path.exists() else None
         self.sizes = profile["batch_sizes"] if profile else None
         self.ms = profile["p50_ms"] if profile else None
-        self._recent: dict[int, deque[float]] = {}
+        self._fastest: dict[int, float] = {}  # batch size -> fastest compute seen (a model with no profile)
 
     def pad(self, batch_size: int, started: float) -> None:
         """The batch of ``batch_size`` rows began computing at ``started`` (``time.perf_counter()``)."""
@@ -75,7 +74,8 @@ class Padding:
         """Seconds to sleep after a batch of ``batch_size`` rows that computed for ``took`` seconds."""
         if self.sizes is not None:
             i = min(bisect.bisect_left(self.sizes, batch_size), len(self.sizes) - 1)
-            return max(0.0, self.factor * self.ms[i] / 1000 - took)
-        recent = self._recent.setdefault(batch_size, deque(maxlen=WINDOW))
-        recent.append(took)
-        return (self.factor - 1) * statistics.median(recent)
+            machine = self.ms[i] / 1000
+        else:
+            # the fastest compute is this machine's speed unloaded: load only ever adds time
+            machine = self._fastest[batch_size] = min(took, self._fastest.get(batch_size, took))
+        return max(0.0, self.factor * machine - took)
