@@ -46,12 +46,11 @@ def release_free_heap() -> None:
     good (the full supernet's session: 90 MiB, 48 MiB after trimming; the largest static subnet's: 57 and 24).
     """
     import ctypes  # lazy: only the Triton model calls this
-    import ctypes.util  # lazy: as above
 
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+    # the process's own symbols, libc's among them: no library search (ldconfig) at each model load
+    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if malloc_trim is not None:
+        malloc_trim(0)
 
 
 @dataclass(frozen=True)
