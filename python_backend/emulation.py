@@ -4,7 +4,8 @@ Proteus plans over heterogeneous devices; on one CPU machine a slower kind is em
 tritonserver started with ``ACCSCALE_EMULATED_SLOWDOWN=f``. After computing a batch, a model
 sleeps until the batch has taken ``f`` times its profiled latency at that size, when its version
 folder has the profile (``latency.json``: ``{"batch_sizes": [...], "p50_ms": [...]}``, a size between
-profiled ones taking the next one's), or else ``f`` times the fastest compute it has seen at that size.
+profiled ones taking the next one's), or else ``f`` times the fastest compute it has seen at that size (of
+that subnet, in a supernet: a batch of its smallest subnet must not set the pace of its largest).
 Either way the emulated device keeps one speed: a batch the machine slowed down is not slowed ``f`` times
 more, nor does a host loaded for a while (other processes on a small machine) slow the device ``f`` times
 as much, which would break what a profile taken earlier on the same server predicts. A profile's curves for
@@ -60,22 +61,26 @@ class Padding:
         profile = json.loads(path.read_text()) if path.exists() else None
         self.sizes = profile["batch_sizes"] if profile else None
         self.ms = profile["p50_ms"] if profile else None
-        self._fastest: dict[int, float] = {}  # batch size -> fastest compute seen (a model with no profile)
+        # (what ran, batch size) -> fastest compute seen (a model with no profile)
+        self._fastest: dict[tuple[tuple[int, ...], int], float] = {}
 
-    def pad(self, batch_size: int, started: float) -> None:
-        """The batch of ``batch_size`` rows began computing at ``started`` (``time.perf_counter()``)."""
+    def pad(self, batch_size: int, started: float, ran: tuple[int, ...] = ()) -> None:
+        """The batch of ``batch_size`` rows began computing at ``started`` (``time.perf_counter()``); ``ran``: the
+        subnets it ran, in a supernet."""
         took = time.perf_counter() - started
         if self.counter is not None:
             self.counter.increment(took)
         if self.factor > 1:
-            time.sleep(self.delay(batch_size, took))
+            time.sleep(self.delay(batch_size, took, ran))
 
-    def delay(self, batch_size: int, took: float) -> float:
-        """Seconds to sleep after a batch of ``batch_size`` rows that computed for ``took`` seconds."""
+    def delay(self, batch_size: int, took: float, ran: tuple[int, ...] = ()) -> float:
+        """Seconds to sleep after a batch of ``batch_size`` rows of subnets ``ran`` that computed for ``took``
+        seconds."""
         if self.sizes is not None:
             i = min(bisect.bisect_left(self.sizes, batch_size), len(self.sizes) - 1)
             machine = self.ms[i] / 1000
         else:
             # the fastest compute is this machine's speed unloaded: load only ever adds time
-            machine = self._fastest[batch_size] = min(took, self._fastest.get(batch_size, took))
+            key = (ran, batch_size)
+            machine = self._fastest[key] = min(took, self._fastest.get(key, took))
         return max(0.0, self.factor * machine - took)

@@ -82,7 +82,8 @@ class TritonPythonModel:
             failure = pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
             return [self._error(errors[i]) if i in errors else pb_utils.InferenceResponse(error=failure)
                     for i in range(len(requests))]
-        self.padding.pad(sum(sizes), start)
+        ran = tuple(np.unique(np.concatenate(subnets)).tolist()) if subnets else ()
+        self.padding.pad(sum(sizes), start, ran)
         return [
             self._error(errors[i]) if i in errors
             else pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", next(outputs))])

@@ -39,3 +39,11 @@ def test_padding_without_a_profile_keeps_the_speed_of_the_fastest_compute(tmp_pa
     delays = [padding.delay(4, t) for t in took]
     assert delays == pytest.approx([0.040, 0.004, 0.002, 0.002, 0.0])
     assert padding.delay(1, 0.001) == pytest.approx(0.002)  # each batch size has its own speed
+
+
+def test_padding_of_a_supernet_keeps_each_subnets_own_speed(tmp_path):
+    """A supernet's batches run different subnets: the smallest's compute must not set the pace of the largest."""
+    padding = Padding(4.0, tmp_path)
+    assert padding.delay(8, 0.001, (0,)) == pytest.approx(0.003)  # the smallest subnet: 4 x 1 ms
+    assert padding.delay(8, 0.010, (5,)) == pytest.approx(0.030)  # the largest: 4 x its own 10 ms, not 4 x 1 ms
+    assert padding.delay(8, 0.012, (5,)) == pytest.approx(0.028)  # and the largest keeps its fastest, 10 ms
