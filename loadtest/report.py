@@ -5,7 +5,9 @@ The report folder gets ``timeline.png`` (ingest rate, served accuracy, batch siz
 attainment over time, at the client and, dashed, as the sidecar counted it (its own queue and
 service time within the SLO), every run overlaid: SuperServe Fig. 8c), ``plane.png`` (SLO
 attainment against mean serving accuracy, one point per run: SuperServe Fig. 9),
-``summary.md`` and ``report.html`` (self-contained: the PNGs are embedded).
+``summary.md`` and ``report.html`` (self-contained: the PNGs are embedded). Given the trace's bursts (``--burst
+START:END``, or the demo's own), the timeline shades them and the report adds, per run and burst, the accuracy it
+gave up and the attainment it kept (:func:`trade`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import argparse
 import base64
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from loadtest.requestlog import RequestLog
 from scheduler_sidecar.errors import ConfigError
@@ -25,6 +30,8 @@ COLUMNS = (("run", "run"), ("queries", "queries"), ("slo_attainment", "SLO attai
            ("mean_serving_accuracy", "serving acc. (profiled)"), ("measured_accuracy", "measured acc."),
            ("p50_latency_ms", "p50 ms"), ("p99_latency_ms", "p99 ms"), ("unseen_p90_ms", "unseen p90 ms"),
            ("errors", "errors"))
+RECOVERED_POINTS = 0.5  # back "at the most accurate" once a second's served accuracy is this close to it
+Burst = tuple[float, float]  # [start, end) in seconds of the trace
 
 
 @dataclass
@@ -48,6 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders from accscale loadtest")
     p.add_argument("--out", type=Path, help="report folder (default: report/ beside the first run)")
     p.add_argument("--bin-s", type=float, default=1.0, help="time bin of the timeline (default: 1 s)")
+    p.add_argument("--burst", action="append", default=[], metavar="START:END", type=_burst,
+                   help="a burst of the trace, in seconds (repeatable): shaded, and summed apart")
     p.set_defaults(func=run)
 
 
@@ -70,7 +79,18 @@ def rows(runs: list[Run]) -> list[list[str]]:
     return out
 
 
-def plot_timeline(runs: list[Run], path: Path, bin_s: float) -> None:
+def _burst(text: str) -> Burst:
+    start, _, end = text.partition(":")
+    try:
+        burst = float(start), float(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a burst is START:END in seconds, got {text!r}") from None
+    if not 0 <= burst[0] < burst[1]:
+        raise argparse.ArgumentTypeError(f"a burst needs 0 <= START < END, got {text!r}")
+    return burst
+
+
+def plot_timeline(runs: list[Run], path: Path, bin_s: float, bursts: Sequence[Burst] = ()) -> None:
     import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
@@ -92,6 +112,8 @@ def plot_timeline(runs: list[Run], path: Path, bin_s: float) -> None:
     for ax, (_, label, _) in zip(axes, panels):
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+        for k, (start, end) in enumerate(bursts):
+            ax.axvspan(start, end, color="C3", alpha=0.12, linewidth=0, label="burst" if k == 0 else None)
     axes[1].legend(fontsize=8)
     axes[-1].set_xlabel("time (s)")
     fig.tight_layout()
@@ -119,17 +141,30 @@ def plot_plane(runs: list[Run], path: Path) -> None:
     plt.close(fig)
 
 
-def write(runs: list[Run], out: Path, bin_s: float = 1.0) -> Path:
-    """Write the report folder; returns the HTML page's path."""
+def write(runs: list[Run], out: Path, bin_s: float = 1.0, bursts: Sequence[Burst] = (), note: str = "",
+          extra: str = "") -> Path:
+    """Write the report folder; returns the HTML page's path. ``note``: a paragraph on how the trace was made;
+    ``extra``: Markdown after the tables (in the HTML page, as preformatted text)."""
     out.mkdir(parents=True, exist_ok=True)
-    plot_timeline(runs, out / "timeline.png", bin_s)
+    plot_timeline(runs, out / "timeline.png", bin_s, bursts)
     plot_plane(runs, out / "plane.png")
     table = rows(runs)
     headers = [h for _, h in COLUMNS]
-    traces = sorted({r.meta.get("trace", "?") for r in runs})
+    # a run's trace: each model's (accscale loadtest), or the run's own (older run folders)
+    traces = sorted({m.get("trace", "?") for r in runs for m in r.meta.get("models", {}).values()}
+                    | {r.meta["trace"] for r in runs if "trace" in r.meta}) or ["?"]
     md = ["# accscale replay report", "", f"Trace: {', '.join(traces)}", "",
           "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     md += ["| " + " | ".join(row) + " |" for row in table]
+    traded = trade(runs, bursts) if bursts else []
+    if note:
+        md += ["", note]
+    if traded:
+        md += ["", "In the bursts (shaded in the timeline):", ""] + [f"- {line}" for line in trade_lines(traded)]
+        md += ["", "| " + " | ".join(h for _, h in TRADE_COLUMNS) + " |", "|" + "---|" * len(TRADE_COLUMNS)]
+        md += ["| " + " | ".join(_trade_cell(k, r[k]) for k, _ in TRADE_COLUMNS) + " |" for r in traded]
+    if extra:
+        md += ["", extra]
     md += ["", "![timeline](timeline.png)", "", "![attainment vs accuracy](plane.png)", ""]
     (out / "summary.md").write_text("\n".join(md))
 
@@ -143,10 +178,93 @@ def write(runs: list[Run], out: Path, bin_s: float = 1.0) -> Path:
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style></head><body>
 <h1>accscale replay report</h1><p>Trace: {html.escape(', '.join(traces))}</p>
 <table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in headers)}</tr>{body}</table>
+{f"<p>{html.escape(note)}</p>" if note else ""}{_trade_html(traded)}{f"<pre>{html.escape(extra)}</pre>" if extra else ""}
 <h2>Over time</h2>{img('timeline.png')}<h2>SLO attainment against serving accuracy</h2>{img('plane.png')}
 </body></html>"""
     (out / "report.html").write_text(page)
     return out / "report.html"
+
+
+TRADE_COLUMNS = (("run", "run"), ("burst", "burst"), ("window_s", "seconds"), ("attainment", "attainment"),
+                 ("server_attainment", "in the sidecar"), ("worst_second", "worst second"),
+                 ("accuracy_before", "acc. before"), ("accuracy", "acc. in burst"), ("given_up", "given up (pts)"),
+                 ("recovered_s", "back within 0.5 pts after (s)"))
+
+
+def trade(runs: Sequence[Run], bursts: Sequence[Burst]) -> list[dict]:
+    """Per run and burst, from the run's own log: attainment in the burst at the client and in the sidecar, its
+    worst 1-s bin, the served accuracy in the quiet spell before it and in it (points given up: their
+    difference), and how many seconds after the burst's end the served accuracy was back within
+    ``RECOVERED_POINTS`` of the most accurate any run served (None: not before the next burst or the end)."""
+    best = max((float(np.nanmax(r.log.column("accuracy"))) for r in runs
+                if np.isfinite(r.log.column("accuracy")).any()), default=float("nan"))
+    rows = []
+    for r in runs:
+        t, met, in_sidecar = r.log.column("scheduled_s"), r.log.met, r.log.met_in_server
+        accuracy = r.log.column("accuracy")
+        line = r.log.timeline(1.0)
+        for k, (start, end) in enumerate(bursts):
+            inside = (start <= t) & (t < end)
+            before = ((bursts[k - 1][1] if k else 0.0) <= t) & (t < start)
+            seconds = (line["time_s"] >= start) & (line["time_s"] < end)
+            follow = bursts[k + 1][0] if k + 1 < len(bursts) else np.inf
+            after = [(s - end) for s, a in zip(line["time_s"], line["served_accuracy"])
+                     if end <= s < follow and np.isfinite(a) and 100 * (best - a) <= RECOVERED_POINTS]
+            acc_in, acc_before = _mean(accuracy[inside & met]), _mean(accuracy[before & met])
+            rows.append({"run": r.name, "burst": k + 1, "window_s": (start, end),
+                         "attainment": _mean(met[inside]), "server_attainment": _mean(in_sidecar[inside]),
+                         "worst_second": float(np.nanmin(line["slo_attainment"][seconds])) if seconds.any() else None,
+                         "accuracy_before": acc_before, "accuracy": acc_in,
+                         "given_up": 100 * (acc_before - acc_in) if acc_in is not None and acc_before is not None
+                         else None, "recovered_s": float(after[0]) + 1.0 if after else None})
+    return rows
+
+
+def trade_lines(rows: Sequence[dict]) -> list[str]:
+    """One line per run: the accuracy it gave up in the bursts and the attainment it kept."""
+    lines = []
+    for name in dict.fromkeys(r["run"] for r in rows):
+        mine = [r for r in rows if r["run"] == name]
+        given = [r["given_up"] for r in mine if r["given_up"] is not None]
+        kept = [r["attainment"] for r in mine if r["attainment"] is not None]
+        worst = [r["worst_second"] for r in mine if r["worst_second"] is not None]
+        back = [r["recovered_s"] for r in mine]
+        lines.append(f"{name}: gave up {min(given, default=0):.2f}-{max(given, default=0):.2f} points of served "
+                     f"accuracy in its {len(mine)} bursts and kept {min(kept, default=0):.3f}-"
+                     f"{max(kept, default=0):.3f} of its SLOs there (worst second {min(worst, default=0):.3f}); "
+                     + ("back within 0.5 points of the most accurate within "
+                        f"{max(back):g} s after each" if all(b is not None for b in back) else
+                        f"not back within 0.5 points of the most accurate after {sum(b is None for b in back)} "
+                        "of them"))
+    return lines
+
+
+def _mean(values: np.ndarray) -> float | None:
+    return float(np.mean(values)) if len(values) else None
+
+
+def _trade_cell(key: str, value: object) -> str:
+    if value is None:
+        return "-"
+    if key == "window_s":
+        return f"{value[0]:g}-{value[1]:g}"
+    if key in ("accuracy", "accuracy_before"):
+        return f"{100 * value:.2f}%"
+    if key == "given_up":
+        return f"{value:.2f}"
+    if isinstance(value, float):
+        return f"{value:.3f}" if key != "recovered_s" else f"{value:g}"
+    return str(value)
+
+
+def _trade_html(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in trade_lines(rows))
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in TRADE_COLUMNS)
+    body = "".join(f"<tr>{''.join(f'<td>{html.escape(_trade_cell(k, r[k]))}</td>' for k, _ in TRADE_COLUMNS)}</tr>"
+                   for r in rows)
+    return f"<h2>In the bursts</h2><ul>{items}</ul><table><tr>{head}</tr>{body}</table>"
 
 
 def summary_table(runs: list[Run]) -> str:
@@ -159,7 +277,9 @@ def summary_table(runs: list[Run]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     runs = [Run.load(folder) for folder in args.runs]
-    page = write(runs, args.out or args.runs[0].parent / "report", args.bin_s)
+    page = write(runs, args.out or args.runs[0].parent / "report", args.bin_s, args.burst)
     print(summary_table(runs))
+    if args.burst:
+        print("\n" + "\n".join(trade_lines(trade(runs, args.burst))))
     print(f"\nreport: {page}")
     return 0

@@ -84,13 +84,19 @@ class RequestLog:
         Beside :attr:`met`, the gap is what the front end, the event loop and the client cost."""
         return self.column("queue_ms") + self.column("service_ms") <= self.column("slo_ms")
 
+    def unseen_ms(self) -> np.ndarray:
+        """Per answered request that carried the sidecar's times: its time outside the sidecar's view (its client
+        latency less the sidecar's queue and service time: the client, the network, the front end)."""
+        unseen = self.column("latency_ms") - self.column("queue_ms") - self.column("service_ms")
+        return unseen[np.isfinite(unseen)]
+
     def summary(self) -> dict[str, object]:
         n = len(self.entries)
         met = self.met
         latency = self.column("latency_ms")
         answered = np.isfinite(latency)
         errors = Counter(e.status for e in self.entries if e.status != "ok")
-        unseen = latency - self.column("queue_ms") - self.column("service_ms")
+        unseen = self.unseen_ms()
         return {
             "queries": n,
             "answered": int(answered.sum()),
@@ -98,10 +104,10 @@ class RequestLog:
             "errors": dict(errors),
             "slo_attainment": float(met.mean()) if n else 0.0,
             # None when no answer carried the sidecar's queue/service times (a replay direct to Triton)
-            "server_attainment": float(self.met_in_server.mean()) if np.isfinite(unseen).any() else None,
+            "server_attainment": float(self.met_in_server.mean()) if unseen.size else None,
             # what answered requests spent outside the sidecar's view (client, network, its front end): the
             # allowance its overhead_us should make
-            "unseen_p90_ms": float(np.nanpercentile(unseen, 90)) if np.isfinite(unseen).any() else None,
+            "unseen_p90_ms": float(np.percentile(unseen, 90)) if unseen.size else None,
             "mean_serving_accuracy": float(self.column("accuracy")[met].mean()) if met.any() else 0.0,
             "measured_accuracy": float(np.nanmean(self.column("correct")[met])) if met.any() else 0.0,
             "p50_latency_ms": float(np.percentile(latency[answered], 50)) if answered.any() else None,

@@ -435,6 +435,18 @@ def compress(counts_per_bin: np.ndarray, bin_s_in: float, duration_s: float | No
                              min_rate_qps=min_rate_qps, max_rate_qps=max_rate_qps))
 
 
+def steps(rates_qps: Sequence[float], step_s: float, seed: int) -> Trace:
+    """Poisson arrivals at ``rates_qps[j]`` in the j-th step of ``step_s`` seconds: quiet spells and bursts of
+    chosen rates (a rate of 0 leaves its step empty)."""
+    rates = np.asarray(rates_qps, dtype=np.float64)
+    if rates.ndim != 1 or rates.size == 0 or not np.isfinite(rates).all() or (rates < 0).any() or rates.sum() == 0:
+        raise TraceError("rates_qps must be a non-empty series of finite rates >= 0, not all 0")
+    _check_positive(step_s=step_s)
+    trace = compress(rates, step_s, None, float(rates.mean()), seed)
+    return dataclasses.replace(trace, name="steps", comment=_describe(
+        "steps", rates_qps=[round(float(r), 3) for r in rates], step_s=step_s, seed=seed))
+
+
 def with_slo(trace: Trace, slo_ms: float) -> Trace:
     """The same arrivals, every query carrying ``slo_ms``."""
     _check_positive(slo_ms=slo_ms)
