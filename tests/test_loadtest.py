@@ -164,16 +164,22 @@ def assert_gaps_of_both_sides(result: dict) -> None:
 
 
 def test_demo_in_reduced_form(tmp_path, capsys):
-    """`make demo`, cut down: fast preset, a 4-second trace per policy."""
+    """`make demo`, cut down: fast preset, a 4-second trace per policy, on a device emulated 20x slower (the fast
+    build's own capacity would size a trace of thousands of requests a second)."""
     out = tmp_path / "demo"
     assert main(["demo", "--preset", "fast", "--build-dir", str(REPO_ROOT / "build"), "--repository",
-                 str(tmp_path / "repository"), "--duration-s", "4", "--out", str(out)]) == 0
+                 str(tmp_path / "repository"), "--duration-s", "4", "--emulate-slowdown", "20", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"report: {out / 'report' / 'report.html'}" in printed
     summary = (out / "report" / "summary.md").read_text()
     for policy in ("slackfit", "clipper", "infaas"):
         assert f"| {policy} |" in summary
         assert RequestLog.load(out / policy / "requests.csv").summary()["queries"] == len(Trace.load(out / "trace.txt"))
+        assert printed.count(f"| {policy} |") == 1  # its line in the simulated-against-live table
+    # the trace was sized from the profile, its bursts shaded and summed apart, one line and three rows per policy
+    assert "capacity within 720 ms" in printed and "In the bursts" in summary
+    assert sum(line.startswith(("slackfit: gave up", "clipper: gave up", "infaas: gave up"))
+               for line in printed.splitlines()) == 3
 
 
 def test_attainment_in_the_sidecar_counts_its_own_queue_and_service_time():
@@ -188,3 +194,28 @@ def test_attainment_in_the_sidecar_counts_its_own_queue_and_service_time():
     assert summary["unseen_p90_ms"] == pytest.approx(1.0 + 0.9 * (5.0 - 1.0))  # outside the sidecar: 1 and 5 ms
     direct = RequestLog([Entry(0, 0.0, 10.0, latency_ms=8.0, status="ok", correct=1.0)])
     assert direct.summary()["server_attainment"] is None and direct.summary()["unseen_p90_ms"] is None
+
+
+def test_payoff_bench_replays_one_trace_against_plain_triton_and_the_sidecar(tmp_path, capsys):
+    """`bench payoff`, cut down: fast preset, the emulated setting (20x: about 100 requests a second), a 6-second
+    trace. Every run replays the whole trace; the plain Triton runs are served by their one model, direct (no
+    sidecar view); the ratio is the runs'."""
+    out = tmp_path / "payoff"
+    assert main(["bench", "payoff", "--preset", "fast", "--build-dir", str(REPO_ROOT / "build"), "--settings",
+                 "emulated", "--slowdown", "20", "--duration-s", "6", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["settings"]["emulated"]
+    queries = len(Trace.load(out / "emulated" / "trace.txt"))
+    runs = result["runs"]
+    assert sorted(runs) == ["accscale-clipper", "accscale-infaas", "accscale-slackfit", "triton-most-accurate",
+                            "triton-smallest"]
+    assert {r["queries"] for r in runs.values()} == {queries}
+    sizing = result["sizing"]
+    for name, variant in (("triton-most-accurate", sizing["most_accurate"]), ("triton-smallest", sizing["smallest"])):
+        log = RequestLog.load(out / "emulated" / name / "requests.csv")
+        assert {e.variant for e in log.entries if e.status == "ok"} == {variant}
+        assert runs[name]["server_attainment"] is None
+    assert runs["accscale-slackfit"]["server_attainment"] is not None
+    base, ours = runs["triton-most-accurate"], runs["accscale-slackfit"]
+    if base["burst_goodput_qps"]:
+        assert result["burst_goodput_ratio"] == pytest.approx(ours["burst_goodput_qps"] / base["burst_goodput_qps"])
+    assert (out / "emulated" / "timeline.png").stat().st_size > 0 and "## emulated" in (out / "summary.md").read_text()

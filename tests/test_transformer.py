@@ -107,9 +107,11 @@ def test_the_transformer_demo_serves_every_pareto_subnet_as_torch_computes_it(tm
     from scheduler_sidecar.processes.triton_launcher import TritonServer
 
     out, repository = tmp_path / "demo", tmp_path / "repository"
-    # the SLO is the test's: the suite loads the machine, and what is tested here is serving, not the SLO's regime
+    # the SLO and the trace are the test's: the suite loads the machine, and what is tested here is serving, not the
+    # SLO's regime (a trace sized from the fast build's profile would ask thousands of requests a second)
     assert main(["demo", "--family", "transformer", "--preset", "fast", "--build-dir", str(REPO_ROOT / "build"),
-                 "--repository", str(repository), "--duration-s", "1", "--slo-ms", "40", "--out", str(out)]) == 0
+                 "--repository", str(repository), "--duration-s", "1", "--slo-ms", "40", "--base-qps", "50",
+                 "--variant-qps", "100", "--out", str(out)]) == 0
     assert f"report: {out / 'report' / 'report.html'}" in capsys.readouterr().out
     artifacts = TextArtifacts(transformer.get_preset("fast"), REPO_ROOT / "build")
     model, profile = artifacts.encoder(), Profile.load(artifacts.profile_path)
@@ -120,7 +122,8 @@ def test_the_transformer_demo_serves_every_pareto_subnet_as_torch_computes_it(tm
         log = RequestLog.load(out / policy / "requests.csv")
         assert log.summary()["queries"] == len(Trace.load(out / "trace.txt"))
         # every request answered by a Pareto subnet, or refused explicitly by the sidecar when its SLO could not be met
-        assert {e.status for e in log.entries} <= {"ok", "StatusCode.DEADLINE_EXCEEDED"}
+        # (late, or refused at the door by admission)
+        assert {e.status for e in log.entries} <= {"ok", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.RESOURCE_EXHAUSTED"}
         served = {e.variant for e in log.entries if e.status == "ok"}
         assert served and served <= {v.id for v in profile.variants}
     vocabulary = Tokenizer.load(repository / TEXT_MODEL / "1" / VOCAB_FILE)

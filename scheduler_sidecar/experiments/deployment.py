@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,3 +108,13 @@ async def open_loop(url: str, arrivals_s: Sequence[float], request: Callable[[in
             await asyncio.sleep(max(0.0, begin + at_s - time.monotonic()))
             sent.append(asyncio.ensure_future(one(i, float(at_s))))
         return list(await asyncio.gather(*sent))
+
+
+def switch_policy(http_url: str, token: str, model: str, policy: str, options: dict | None = None) -> None:
+    """Switch ``model``'s policy through the sidecar's admin endpoint, with ``options`` (the policy's own)."""
+    body = {"model": model, "policy": policy, **({"options": options} if options else {})}
+    request = urllib.request.Request(f"http://{http_url}/v2/admin/policy", method="POST",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request) as response:
+        response.read()
