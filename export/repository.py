@@ -36,7 +36,7 @@ Tensor = tuple[str, str, list[int]]  # (name, Triton data type, dims without the
 
 
 def _config(name: str, inputs: list[Tensor], outputs: list[Tensor], params: dict[str, str], max_batch_size: int,
-            instances: int) -> str:
+            instances: int, queue_delay_us: int = 0) -> str:
     def tensor(n: str, dtype: str, dims: list[int]) -> str:
         # a tensor that is only the batch (a label per row) is served as dims [1], reshaped to none
         reshape = "" if dims else " reshape: { shape: [ ] }"
@@ -47,8 +47,10 @@ def _config(name: str, inputs: list[Tensor], outputs: list[Tensor], params: dict
     parameters = "\n".join(
         f'parameters {{ key: "{k}" value {{ string_value: {json.dumps(v)} }} }}' for k, v in params.items()
     )
-    # merge whatever is queued, never wait: the sidecar forms the batches it wants
-    batcher = "dynamic_batching { max_queue_delay_microseconds: 0 }\n" if max_batch_size > 0 else ""
+    # by default merge whatever is queued, never wait: the sidecar forms the batches it wants (a model served to
+    # clients direct, as plain Triton, waits up to queue_delay_us for a fuller batch)
+    batcher = (f"dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}\n"
+               if max_batch_size > 0 else "")
     return f"""name: "{name}"
 backend: "python"
 max_batch_size: {max_batch_size}
@@ -99,10 +101,10 @@ def write_supernet(repository: Path, name: str, model: onnx.ModelProto, table: S
 
 def write_static(repository: Path, name: str, model: onnx.ModelProto, num_classes: int, subnet_id: str, *,
                  files: dict[str, str] | None = None, max_batch_size: int = 64, instances: int = 1,
-                 threads: int = 1) -> Path:
+                 threads: int = 1, queue_delay_us: int = 0) -> Path:
     config = _config(name, [_graph_input(model)], [("LOGITS", "TYPE_FP32", [num_classes])],
                      {"runner": "static", "intra_op_threads": str(threads), "subnet": subnet_id},
-                     max_batch_size, instances)
+                     max_batch_size, instances, queue_delay_us)
     return _write_model(repository, name, model, config, files or {})
 
 

@@ -42,7 +42,7 @@ BENCH_MODULES = ("export.bench", "scheduler_sidecar.experiments.bench", "schedul
                  "scheduler_sidecar.experiments.fidelity",
                  "scheduler_sidecar.experiments.overload_bench", "scheduler_sidecar.experiments.ramsis.bench",
                  "scheduler_sidecar.experiments.milp_bench", "scheduler_sidecar.experiments.sharding",
-                 "scheduler_sidecar.experiments.hybridserve.energy_bench")
+                 "scheduler_sidecar.experiments.hybridserve.energy_bench", "scheduler_sidecar.experiments.payoff")
 
 
 def build_parser() -> argparse.ArgumentParser:
