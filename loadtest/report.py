@@ -229,6 +229,7 @@ def trade_lines(rows: Sequence[dict]) -> list[str]:
         kept = [r["attainment"] for r in mine if r["attainment"] is not None]
         worst = [r["worst_second"] for r in mine if r["worst_second"] is not None]
         back = [r["recovered_s"] for r in mine]
+        given = [round(g, 2) + 0.0 for g in given]  # + 0.0: no "-0.00" for a run that gave up nothing
         lines.append(f"{name}: gave up {min(given, default=0):.2f}-{max(given, default=0):.2f} points of served "
                      f"accuracy in its {len(mine)} bursts and kept {min(kept, default=0):.3f}-"
                      f"{max(kept, default=0):.3f} of its SLOs there (worst second {min(worst, default=0):.3f}); "
@@ -251,7 +252,7 @@ def _trade_cell(key: str, value: object) -> str:
     if key in ("accuracy", "accuracy_before"):
         return f"{100 * value:.2f}%"
     if key == "given_up":
-        return f"{value:.2f}"
+        return f"{round(value, 2) + 0.0:.2f}"  # + 0.0: no "-0.00" for a run that gave up nothing
     if isinstance(value, float):
         return f"{value:.3f}" if key != "recovered_s" else f"{value:g}"
     return str(value)
