@@ -30,7 +30,7 @@ COLUMNS = (("run", "run"), ("queries", "queries"), ("slo_attainment", "SLO attai
            ("mean_serving_accuracy", "serving acc. (profiled)"), ("measured_accuracy", "measured acc."),
            ("p50_latency_ms", "p50 ms"), ("p99_latency_ms", "p99 ms"), ("unseen_p90_ms", "unseen p90 ms"),
            ("errors", "errors"))
-RECOVERED_POINTS = 0.5  # back "at the most accurate" once a second's served accuracy is this close to it
+RECOVERED_POINTS = 0.5  # back after a burst once a second's served accuracy is this close to the quiet spell's before
 Burst = tuple[float, float]  # [start, end) in seconds of the trace
 
 
@@ -178,7 +178,8 @@ def write(runs: list[Run], out: Path, bin_s: float = 1.0, bursts: Sequence[Burst
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style></head><body>
 <h1>accscale replay report</h1><p>Trace: {html.escape(', '.join(traces))}</p>
 <table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in headers)}</tr>{body}</table>
-{f"<p>{html.escape(note)}</p>" if note else ""}{_trade_html(traded)}{f"<pre>{html.escape(extra)}</pre>" if extra else ""}
+{f"<p>{html.escape(note)}</p>" if note else ""}{_trade_html(traded)}
+{f"<pre>{html.escape(extra)}</pre>" if extra else ""}
 <h2>Over time</h2>{img('timeline.png')}<h2>SLO attainment against serving accuracy</h2>{img('plane.png')}
 </body></html>"""
     (out / "report.html").write_text(page)
@@ -188,55 +189,70 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:10
 TRADE_COLUMNS = (("run", "run"), ("burst", "burst"), ("window_s", "seconds"), ("attainment", "attainment"),
                  ("server_attainment", "in the sidecar"), ("worst_second", "worst second"),
                  ("accuracy_before", "acc. before"), ("accuracy", "acc. in burst"), ("given_up", "given up (pts)"),
-                 ("recovered_s", "back within 0.5 pts after (s)"))
+                 ("below_best", "before: below the best (pts)"),
+                 ("recovered_s", f"back within {RECOVERED_POINTS:g} pts of before (s)"))
 
 
 def trade(runs: Sequence[Run], bursts: Sequence[Burst]) -> list[dict]:
-    """Per run and burst, from the run's own log: attainment in the burst at the client and in the sidecar, its
-    worst 1-s bin, the served accuracy in the quiet spell before it and in it (points given up: their
-    difference), and how many seconds after the burst's end the served accuracy was back within
-    ``RECOVERED_POINTS`` of the most accurate any run served (None: not before the next burst or the end)."""
+    """Per run and burst, from the run's own log: attainment in the burst at the client and in the sidecar (None
+    for a run the sidecar did not serve), its worst second (counted from the burst's start), the served accuracy
+    in the quiet spell before it and in it (points given up: their difference), how far the quiet spell's was
+    below the most accurate any run served, and how many seconds after the burst's end the served accuracy was
+    back within ``RECOVERED_POINTS`` of the quiet spell's before it (None: not before the next burst or the end).
+    ``bursts`` must be in order and not overlap."""
     best = max((float(np.nanmax(r.log.column("accuracy"))) for r in runs
                 if np.isfinite(r.log.column("accuracy")).any()), default=float("nan"))
     rows = []
     for r in runs:
-        t, met, in_sidecar = r.log.column("scheduled_s"), r.log.met, r.log.met_in_server
-        accuracy = r.log.column("accuracy")
-        line = r.log.timeline(1.0)
+        t, met, accuracy = r.log.column("scheduled_s"), r.log.met, r.log.column("accuracy")
+        in_sidecar = r.log.met_in_server if r.log.unseen_ms().size else None  # None: not served by the sidecar
         for k, (start, end) in enumerate(bursts):
             inside = (start <= t) & (t < end)
             before = ((bursts[k - 1][1] if k else 0.0) <= t) & (t < start)
-            seconds = (line["time_s"] >= start) & (line["time_s"] < end)
-            follow = bursts[k + 1][0] if k + 1 < len(bursts) else np.inf
-            after = [(s - end) for s, a in zip(line["time_s"], line["served_accuracy"])
-                     if end <= s < follow and np.isfinite(a) and 100 * (best - a) <= RECOVERED_POINTS]
             acc_in, acc_before = _mean(accuracy[inside & met]), _mean(accuracy[before & met])
+            second = np.floor(t[inside] - start).astype(np.int64)
+            worst = (float(np.min(np.bincount(second, met[inside])[np.bincount(second) > 0]
+                                  / np.bincount(second)[np.bincount(second) > 0])) if second.size else None)
+            follow = bursts[k + 1][0] if k + 1 < len(bursts) else np.inf
+            after = (end <= t) & (t < follow) & met
+            back = None
+            if acc_before is not None and after.any():
+                later = np.floor(t[after] - end).astype(np.int64)
+                sums, counts = np.bincount(later, accuracy[after]), np.bincount(later)
+                close = [s for s in range(counts.size)
+                         if counts[s] and 100 * (acc_before - sums[s] / counts[s]) <= RECOVERED_POINTS]
+                back = float(close[0]) + 1.0 if close else None
             rows.append({"run": r.name, "burst": k + 1, "window_s": (start, end),
-                         "attainment": _mean(met[inside]), "server_attainment": _mean(in_sidecar[inside]),
-                         "worst_second": float(np.nanmin(line["slo_attainment"][seconds])) if seconds.any() else None,
-                         "accuracy_before": acc_before, "accuracy": acc_in,
+                         "attainment": _mean(met[inside]),
+                         "server_attainment": _mean(in_sidecar[inside]) if in_sidecar is not None else None,
+                         "worst_second": worst, "accuracy_before": acc_before, "accuracy": acc_in,
                          "given_up": 100 * (acc_before - acc_in) if acc_in is not None and acc_before is not None
-                         else None, "recovered_s": float(after[0]) + 1.0 if after else None})
+                         else None,
+                         "below_best": 100 * (best - acc_before) if acc_before is not None else None,
+                         "recovered_s": back})
     return rows
 
 
 def trade_lines(rows: Sequence[dict]) -> list[str]:
-    """One line per run: the accuracy it gave up in the bursts and the attainment it kept."""
+    """One line per run: the accuracy it gave up in the bursts and the attainment it kept ("-": no answer)."""
+    def span(values: list, digits: int) -> str:
+        values = [round(v, digits) + 0.0 for v in values if v is not None]  # + 0.0: "0.00", not "-0.00"
+        return f"{min(values):.{digits}f}-{max(values):.{digits}f}" if values else "-"
+
     lines = []
     for name in dict.fromkeys(r["run"] for r in rows):
         mine = [r for r in rows if r["run"] == name]
-        given = [r["given_up"] for r in mine if r["given_up"] is not None]
-        kept = [r["attainment"] for r in mine if r["attainment"] is not None]
         worst = [r["worst_second"] for r in mine if r["worst_second"] is not None]
         back = [r["recovered_s"] for r in mine]
-        given = [round(g, 2) + 0.0 for g in given]  # + 0.0: no "-0.00" for a run that gave up nothing
-        lines.append(f"{name}: gave up {min(given, default=0):.2f}-{max(given, default=0):.2f} points of served "
-                     f"accuracy in its {len(mine)} bursts and kept {min(kept, default=0):.3f}-"
-                     f"{max(kept, default=0):.3f} of its SLOs there (worst second {min(worst, default=0):.3f}); "
-                     + ("back within 0.5 points of the most accurate within "
-                        f"{max(back):g} s after each" if all(b is not None for b in back) else
-                        f"not back within 0.5 points of the most accurate after {sum(b is None for b in back)} "
-                        "of them"))
+        lines.append(f"{name}: gave up {span([r['given_up'] for r in mine], 2)} points of served accuracy in its "
+                     f"{len(mine)} bursts and kept {span([r['attainment'] for r in mine], 3)} of its SLOs there "
+                     f"(worst second {f'{min(worst):.3f}' if worst else '-'}); "
+                     + (f"back within {RECOVERED_POINTS:g} points of its accuracy before each within {max(back):g} s"
+                        if all(b is not None for b in back) else
+                        f"not back within {RECOVERED_POINTS:g} points of its accuracy before "
+                        f"{sum(b is None for b in back)} of them")
+                     + f"; between bursts {span([r['below_best'] for r in mine], 2)} points below the most "
+                     "accurate served")
     return lines
 
 
@@ -251,7 +267,7 @@ def _trade_cell(key: str, value: object) -> str:
         return f"{value[0]:g}-{value[1]:g}"
     if key in ("accuracy", "accuracy_before"):
         return f"{100 * value:.2f}%"
-    if key == "given_up":
+    if key in ("given_up", "below_best"):
         return f"{round(value, 2) + 0.0:.2f}"  # + 0.0: no "-0.00" for a run that gave up nothing
     if isinstance(value, float):
         return f"{value:.3f}" if key != "recovered_s" else f"{value:g}"
@@ -278,9 +294,12 @@ def summary_table(runs: list[Run]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     runs = [Run.load(folder) for folder in args.runs]
-    page = write(runs, args.out or args.runs[0].parent / "report", args.bin_s, args.burst)
+    bursts = sorted(args.burst)
+    if any(a[1] > b[0] for a, b in zip(bursts, bursts[1:])):
+        raise ConfigError(f"--burst windows overlap: {bursts}")
+    page = write(runs, args.out or args.runs[0].parent / "report", args.bin_s, bursts)
     print(summary_table(runs))
-    if args.burst:
-        print("\n" + "\n".join(trade_lines(trade(runs, args.burst))))
+    if bursts:
+        print("\n" + "\n".join(trade_lines(trade(runs, bursts))))
     print(f"\nreport: {page}")
     return 0

@@ -100,8 +100,17 @@ def test_the_trade_counts_accuracy_given_up_and_attainment_kept_in_each_burst():
     assert row["attainment"] == 0.75 and row["server_attainment"] == 1.0  # late at the client, in time inside
     assert row["worst_second"] == 0.5 and row["given_up"] == pytest.approx(3.0)
     assert row["recovered_s"] == 2.0  # second 6 is 2 points off, second 7 back: by 2 s after the burst
+    assert row["below_best"] == 0.0  # the quiet spell served the most accurate any run served
     (line,) = report.trade_lines([row])
-    assert "gave up 3.00-3.00 points" in line and "within 2 s after each" in line
+    assert "gave up 3.00-3.00 points" in line and "of its accuracy before each within 2 s" in line
+    # a burst that starts mid-second counts its seconds from its start; a run the sidecar did not serve has no
+    # sidecar attainment, and one with nothing met in a burst gives up nothing it can say
+    direct = report.Run("direct", {}, RequestLog([Entry(0, 4.6, 10.0, latency_ms=5.0, status="ok", accuracy=0.8),
+                                                  Entry(1, 5.4, 10.0, latency_ms=5.0, status="ok", accuracy=0.8),
+                                                  Entry(2, 5.6, 10.0, latency_ms=50.0, status="ok", accuracy=0.8)]))
+    (row,) = report.trade([direct], [(4.5, 6.5)])  # its seconds: 4.5-5.5 (both met), 5.5-6.5 (late)
+    assert row["worst_second"] == 0.0 and row["server_attainment"] is None and row["given_up"] is None
+    assert "gave up - points" in report.trade_lines([row])[0]
 
 
 def test_plain_tritons_batcher_fits_the_slo():

@@ -197,25 +197,28 @@ def test_attainment_in_the_sidecar_counts_its_own_queue_and_service_time():
 
 
 def test_payoff_bench_replays_one_trace_against_plain_triton_and_the_sidecar(tmp_path, capsys):
-    """`bench payoff`, cut down: fast preset, the emulated setting (20x: about 100 requests a second), a 6-second
-    trace. Every run replays the whole trace; the plain Triton runs are served by their one model, direct (no
-    sidecar view); the ratio is the runs'."""
+    """`bench payoff`, cut down: fast preset, the emulated setting (20x: about 100 requests a second), a 4-second
+    trace, a given allowance (the demo's test measures one). Every run replays the whole trace; the plain Triton
+    runs go to Triton itself, which serves them with their one model."""
     out = tmp_path / "payoff"
     assert main(["bench", "payoff", "--preset", "fast", "--build-dir", str(REPO_ROOT / "build"), "--settings",
-                 "emulated", "--slowdown", "20", "--duration-s", "6", "--out", str(out), "--json"]) == 0
+                 "emulated", "--slowdown", "20", "--duration-s", "4", "--overhead-us", "5000", "--out", str(out),
+                 "--json"]) == 0
     result = json.loads(capsys.readouterr().out)["settings"]["emulated"]
     queries = len(Trace.load(out / "emulated" / "trace.txt"))
     runs = result["runs"]
     assert sorted(runs) == ["accscale-clipper", "accscale-infaas", "accscale-slackfit", "triton-most-accurate",
                             "triton-smallest"]
     assert {r["queries"] for r in runs.values()} == {queries}
-    sizing = result["sizing"]
-    for name, variant in (("triton-most-accurate", sizing["most_accurate"]), ("triton-smallest", sizing["smallest"])):
+    # the plain runs went to Triton itself (no answer carried the sidecar's times), the others through the sidecar
+    for name in runs:
         log = RequestLog.load(out / "emulated" / name / "requests.csv")
-        assert {e.variant for e in log.entries if e.status == "ok"} == {variant}
-        assert runs[name]["server_attainment"] is None
-    assert runs["accscale-slackfit"]["server_attainment"] is not None
-    base, ours = runs["triton-most-accurate"], runs["accscale-slackfit"]
-    if base["burst_goodput_qps"]:
-        assert result["burst_goodput_ratio"] == pytest.approx(ours["burst_goodput_qps"] / base["burst_goodput_qps"])
+        assert any(e.status == "ok" for e in log.entries)
+        assert (runs[name]["server_attainment"] is None) == name.startswith("triton-")
+    # Triton served each plain run with its one model: its own statistics count every request answered there (and
+    # any the client gave up on before Triton answered)
+    for name in ("triton-most-accurate", "triton-smallest"):
+        answered = sum(e.status == "ok" for e in RequestLog.load(out / "emulated" / name / "requests.csv").entries)
+        assert answered <= runs[name]["triton_successes"] <= queries
+    assert result["overhead_us"] == 5000 and result["sizing"]["allowance_ms"] == 5.0
     assert (out / "emulated" / "timeline.png").stat().st_size > 0 and "## emulated" in (out / "summary.md").read_text()

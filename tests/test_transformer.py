@@ -123,7 +123,8 @@ def test_the_transformer_demo_serves_every_pareto_subnet_as_torch_computes_it(tm
         assert log.summary()["queries"] == len(Trace.load(out / "trace.txt"))
         # every request answered by a Pareto subnet, or refused explicitly by the sidecar when its SLO could not be met
         # (late, or refused at the door by admission)
-        assert {e.status for e in log.entries} <= {"ok", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.RESOURCE_EXHAUSTED"}
+        assert {e.status for e in log.entries} <= {"ok", "StatusCode.DEADLINE_EXCEEDED",
+                                                   "StatusCode.RESOURCE_EXHAUSTED"}
         served = {e.variant for e in log.entries if e.status == "ok"}
         assert served and served <= {v.id for v in profile.variants}
     vocabulary = Tokenizer.load(repository / TEXT_MODEL / "1" / VOCAB_FILE)

@@ -116,7 +116,8 @@ def trace(sizing: Sizing, seed: int = 0) -> Trace:
 def needed_line(profile: Profile, sizing: Sizing) -> str:
     """:func:`needed` in words."""
     best = profile.variants[-1].accuracy
-    parts = [f"{q:.0f} q/s: {'no subnet alone' if n is None else f'{n[1]:.2%} ({100 * (best - n[1]):.2f} points below the most accurate)'}"
+    parts = [f"{q:.0f} q/s: " + ("no subnet alone" if n is None else
+                                 f"{n[1]:.2%} ({100 * (best - n[1]):.2f} points below the most accurate)")
              for q, n in zip(sizing.burst_qps, needed(profile, sizing))]
     return "the most accurate subnet that serves each burst alone: " + "; ".join(parts)
 

@@ -18,7 +18,6 @@ Ctrl-C and failure.
 from __future__ import annotations
 
 import argparse
-import logging
 import secrets
 import time
 from pathlib import Path
@@ -37,8 +36,6 @@ from scheduler_sidecar.experiments.hybridserve import demo as hybridserve_demo
 from scheduler_sidecar.experiments.loki import demo as loki_demo
 from scheduler_sidecar.experiments.proteus import demo as proteus_demo
 
-log = logging.getLogger(__name__)
-
 POLICIES = ("slackfit", "clipper", "infaas")
 SLO_MS = {"cnn": 36.0, "transformer": 10.0}  # per family, when --slo-ms is not given
 
@@ -53,9 +50,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "--base-qps or --variant-qps)")
     p.add_argument("--base-qps", type=float, help="replay SuperServe's bursty trace instead, with this steady "
                    "part (default: the trace sized from the profile)")
-    p.add_argument("--variant-qps", type=float, help="the bursty trace's gamma part's mean rate")
-    p.add_argument("--cv2", type=float, default=8.0, help="burstiness (CV²) of the bursty trace's gamma part "
-                   "(default: 8)")
+    p.add_argument("--variant-qps", type=float, help="the bursty trace's gamma part's mean rate (default: 100 "
+                   "with --base-qps; with it alone, the steady part is 50)")
+    p.add_argument("--cv2", type=float, default=8.0, help="burstiness (CV²) of the bursty trace's gamma part, "
+                   "with --base-qps or --variant-qps (default: 8)")
     p.add_argument("--slo-ms", type=float, help=f"every request's SLO (default: {SLO_MS['cnn']:g} for the CNN, "
                    f"SuperServe Fig. 9; {SLO_MS['transformer']:g} for the transformer)")
     p.add_argument("--overhead-us", type=int,
@@ -162,7 +160,8 @@ def simulated(profile_path: Path, model: str, trace_path: Path, slo_ms: float, o
                     f"{100 * (sim['mean_serving_accuracy'] - live['mean_serving_accuracy']):+.2f} |")
     return "\n".join(["The same trace in `accscale simulate` (one worker, the same allowance):", "",
                       "| policy | simulated | in the sidecar | at the client | simulated - live (pts, sidecar / "
-                      "client) | simulated acc. | live acc. | acc. simulated - live (pts) |", "|---|---|---|---|---|---|---|---|",
+                      "client) | simulated acc. | live acc. | acc. simulated - live (pts) |",
+                      "|---|---|---|---|---|---|---|---|",
                       *rows])
 
 

@@ -461,8 +461,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=1.0,
         metavar="F",
         help="emulate a device F times slower: each batch, once computed, sleeps until it has taken F times its "
-        "profiled latency (a model's latency.json), or else F times its fastest compute of that batch size "
-        "(default: 1, none)",
+        "profiled latency (a model's latency.json), or else F times its fastest compute of that batch size (of "
+        "the same subnets, in a supernet) (default: 1, none)",
     )
     parser.set_defaults(func=_run_triton)
 
