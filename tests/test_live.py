@@ -159,6 +159,22 @@ def test_a_lost_worker_s_batch_is_retried_on_the_other():
     asyncio.run(main())
 
 
+def test_a_worker_added_after_one_left_takes_no_slot_of_a_worker_still_serving():
+    """A rolling update: a leaves and drains, then c joins (what discovery does when a Deployment rolls). c gets a
+    slot id of its own, so b stays in the pool and both serve."""
+    async def main():
+        a, b, c = worker("a", gated=False), worker("b", gated=False), worker("c", gated=False)
+        driver, (model,) = make_driver(a, b)
+        await driver.drained(driver.remove_worker(a))
+        (new,) = driver.add_worker(c, 1)
+        assert new == 2 and {sid: s.worker.url for sid, s in driver.slots.items()} == {1: "b", 2: "c"}
+        assert sorted(w.id for w in driver.engine.workers) == [1, 2]
+        answers = await asyncio.gather(*(model.infer(row(i, 0), 1_000_000) for i in range(6)))
+        assert sorted(logits(x)[0] for x in answers) == [0, 1, 2, 3, 4, 5] and {x.worker for x in answers} <= {"b", "c"}
+
+    asyncio.run(main())
+
+
 def test_with_no_worker_left_every_request_gets_an_explicit_error():
     async def main():
         lost = worker("a", fail_with=WorkerLost("gone"))

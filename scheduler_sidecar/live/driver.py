@@ -215,6 +215,9 @@ class LiveDriver:
             # read when /metrics is scraped, not set on every request
             model.stats.queue_depth.set_function(lambda name=model.name: self.engine.queued(name))
         self.slots: dict[int, _Slot] = {}  # worker slot id -> its worker and instance
+        # slot ids are never reused: a worker added after another left must not take a live worker's id (numbering
+        # by len(self.slots) gave a new worker the id of one still serving once a removed one was pruned)
+        self._slot_ids = itertools.count()
         self.on_worker_lost = on_worker_lost or (lambda worker, reason: None)
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count()
@@ -234,8 +237,7 @@ class LiveDriver:
         ``resident`` the Triton models loaded there (default: every model).
         """
         device = device or next(iter(self.engine.types.values())).policy.device
-        first = len(self.slots)
-        ids = list(range(first, first + slots))
+        ids = [next(self._slot_ids) for _ in range(slots)]
         for i, sid in enumerate(ids):
             self.slots[sid] = _Slot(worker, i)
         self._guard(self.engine.add_workers,
