@@ -206,7 +206,9 @@ def test_a_model_loaded_again_runs_the_instances_last_set_for_it(server):
 
 def test_served_frames_match_the_offline_pipeline_and_a_bad_plan_is_refused(server, frames):
     triton, repo = server
-    answers = _send(server, frames, loki_plan=PLAN)  # one request, the whole batch
+    # one request, the whole batch; no early dropping: under the suite's load the detector batch can overrun its
+    # 50 ms budget and reroute or drop a crop, and this test is about what serving computes (the rules have theirs)
+    answers = _send(server, frames, loki_plan={**PLAN, "drop": "none"})
     detector = make_session(repo / "loki_detect_cc" / "1" / MODEL_FILE, 1) \
         if (repo / "loki_detect_cc" / "1" / MODEL_FILE).exists() else None
     assert detector is None  # the classical detector has no network
