@@ -211,8 +211,8 @@ def trade(runs: Sequence[Run], bursts: Sequence[Burst]) -> list[dict]:
             before = ((bursts[k - 1][1] if k else 0.0) <= t) & (t < start)
             acc_in, acc_before = _mean(accuracy[inside & met]), _mean(accuracy[before & met])
             second = np.floor(t[inside] - start).astype(np.int64)
-            worst = (float(np.min(np.bincount(second, met[inside])[np.bincount(second) > 0]
-                                  / np.bincount(second)[np.bincount(second) > 0])) if second.size else None)
+            sent = np.bincount(second)
+            worst = float(np.min(np.bincount(second, met[inside])[sent > 0] / sent[sent > 0])) if second.size else None
             follow = bursts[k + 1][0] if k + 1 < len(bursts) else np.inf
             after = (end <= t) & (t < follow) & met
             back = None

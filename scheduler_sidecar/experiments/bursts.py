@@ -20,6 +20,7 @@ import numpy as np
 from loadtest.traces import Trace, steps, with_slo
 from scheduler_sidecar.core.profile import LatencyCurve, Profile
 from scheduler_sidecar.errors import ConfigError
+from scheduler_sidecar.experiments.superserve.paper_profile import capacity_qps as paper_capacity_qps
 
 QUIET = 0.6  # the quiet rate over the most accurate subnet's capacity
 BURSTS = (1.5, 2.0, 2.5)  # each burst's rate over that capacity, in order
@@ -31,9 +32,9 @@ SHAPE_S = len(BURSTS) * (QUIET_S + BURST_S) + QUIET_S  # 58
 
 
 def capacity_qps(curve: LatencyCurve, slo_ms: float, slots: int = 1) -> float:
-    """The most q/s ``slots`` workers serve with one variant within ``slo_ms`` (the module docstring's rule)."""
-    rates = [slots * b * 1000.0 / p50 for b, p50 in zip(curve.batch_sizes, curve.p50_ms) if p50 <= slo_ms / 2]
-    return max(rates, default=0.0)
+    """The most q/s ``slots`` workers serve with one variant within ``slo_ms``: the rule the paper-scale profile is
+    calibrated by (the module docstring's)."""
+    return paper_capacity_qps(curve, num_workers=slots, slo_ms=slo_ms)
 
 
 @dataclass(frozen=True)
