@@ -150,3 +150,44 @@ def test_systems_match_pinned_results(case):
     """Proteus and Loki (and the systems they are compared with) give the pinned metrics in the simulator."""
     metrics, system, setup, pinned = SYSTEM_PINS[case]
     assert metrics(system, **setup) == pytest.approx(pinned, rel=1e-12)
+
+
+def hybridserve_metrics() -> dict:
+    """A three-model cascade on two replicas each (a synthetic family: the pin must not depend on a build's weights),
+    4 s of gamma arrivals at 900/s with a 40 ms SLO: escalations are follow-up queries on the next model's queue."""
+    from pathlib import Path
+
+    from scheduler_sidecar.core.profile import LatencyCurve
+    from scheduler_sidecar.experiments.hybridserve.simulation import simulate
+    from scheduler_sidecar.systems.hybridserve.cascade import Cascade
+    from scheduler_sidecar.systems.hybridserve.family import Family, FamilyModel
+    from tests.test_hybridserve_cascade import synthetic
+
+    sizes = (1, 2, 4, 8, 16)
+
+    def model(name: str, ms: float, accuracy: float) -> FamilyModel:
+        p50 = tuple(ms * (1 + 0.35 * (b - 1)) for b in sizes)
+        return FamilyModel(name, 1.0, ms / 1000, LatencyCurve(sizes, p50, tuple(x * 1.2 for x in p50)),
+                           {"test": {"all": accuracy}})
+
+    family = Family((model("s", 1.0, 0.8), model("m", 3.0, 0.9), model("l", 9.0, 0.95)), Path("."), 16)
+    arrival_us = (np.asarray(traces.gamma(rate_qps=900, cv2=4, duration_s=4.0, seed=3).arrival_s) * 1e6).astype(
+        np.int64)
+    run = simulate(family, Cascade(("s", "m", "l"), (0.7, 0.75)), (2, 2, 2), synthetic([0.8, 0.9, 0.95]),
+                   arrival_us, 40.0, seed=1)
+    per_model = {f"{what}.{m}": value for what in ("answered", "mean_batch", "mean_wait_ms")
+                 for m, value in zip("sml", getattr(run, what))}
+    return {"requests": run.requests, "violation_ratio": run.violation_ratio, "accuracy": run.accuracy, **per_model}
+
+
+HYBRIDSERVE_PIN = {
+    "requests": 3665, "violation_ratio": 0.018826739427012296, "accuracy": 0.9724694104560623,
+    "answered.s": 0.4687585266030014, "answered.m": 0.2125511596180082, "answered.l": 0.2998635743519782,
+    "mean_batch.s": 1.5008190008190008, "mean_batch.m": 1.5151750972762645, "mean_batch.l": 1.9079861111111112,
+    "mean_wait_ms.s": 0.3016944065484311, "mean_wait_ms.m": 0.9128279404211608, "mean_wait_ms.l": 5.411202911737943,
+}
+
+
+def test_a_hybridserve_cascade_matches_its_pin():
+    """The cascade's simulation (escalations as follow-up queries) gives the pinned metrics."""
+    assert hybridserve_metrics() == pytest.approx(HYBRIDSERVE_PIN, rel=1e-12)
