@@ -8,7 +8,7 @@ import pytest
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner, Scope
 from scheduler_sidecar.core.profile import Actuation
-from scheduler_sidecar.core.records import Decision
+from scheduler_sidecar.core.records import BatchResult, Decision, Query
 from scheduler_sidecar.errors import PolicyError
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
@@ -220,3 +220,24 @@ def test_planners_may_not_share_a_type_or_a_worker_nor_place_beyond_their_own():
     with pytest.raises(PolicyError, match="worker 3, which its planner does not own"):
         Simulator(policies, world, planners=[Trespasser("a", Scope(frozenset({"a"}), frozenset({0})))]).run(
             [0], [10**6], ["a"])
+
+
+def test_a_batchs_follow_ups_all_queue_before_the_next_stage_decides():
+    """Each batch of stage "a" creates one query of stage "b" per query, and b's one worker is idle when it ends:
+    they reach b's queue together and run as one batch, so b's batches are a's (an event admits what it brings, then
+    the policies decide once; before, the first follow-up of each batch ran alone: b ran 1, 1, 1 after a's 1, 2)."""
+
+    def follow_up(batch, now_us, new_id):
+        if batch.queries[0].type != "a":
+            return BatchResult()
+        return BatchResult(follow_ups=tuple(Query(q.deadline_us, (i := new_id()), i, now_us, "b", parent=q.id,
+                                                  stage=1) for q in batch.queries))
+
+    a, b = _family("a"), _family("b")
+    world = World((SimWorker(resident=frozenset(v.actuation.model for v in a.variants)),
+                   SimWorker(resident=frozenset(v.actuation.model for v in b.variants))))
+    result = Simulator({"a": SlackFit(a), "b": SlackFit(b)}, world, result_model=follow_up).run(
+        [0, 0, 0], [1_000_000] * 3, ["a"] * 3)
+    sizes = {stage: [r.batch_size for r in result.batches if r.variant_id.startswith(stage)] for stage in "ab"}
+    assert sizes["a"] == [1, 2] and sizes["b"] == sizes["a"]
+    assert result.summary()["met"] == 3 and len(result.follow_ups) == 3

@@ -6,9 +6,10 @@ type's policy to decide, carrying out decisions (dispatches, drops, loads, unloa
 retries after a worker is lost, and the one record per query. A driver supplies a clock
 (``clock() -> now_us``) and an :class:`Executor` that runs what the engine starts: in the simulator
 a batch completes at now plus a profiled latency, live it is an RPC to Triton. The driver reports back
-through the engine's event methods (:meth:`Engine.batch_done`, :meth:`Engine.load_done`, ...), each
-of which ends in :meth:`Engine.step`. Nothing here awaits or sleeps, so a decision always sees a
-consistent state.
+through the engine's event methods (:meth:`Engine.batch_done`, :meth:`Engine.load_done`, ...). An event
+admits everything it brings (a batch's follow-ups, a lost worker's retries, a plan an inline planner
+made meanwhile) and then runs :meth:`Engine.step` once; it never re-enters itself. Nothing here awaits
+or sleeps, so a decision always sees a consistent state.
 
 After every event, ``step`` asks the policy of every query type with queued queries to decide,
 the type with the earliest head deadline first, and repeats while any decision did something and
@@ -162,6 +163,7 @@ class Engine:
         # query type -> (indices of its workers, None when all of them; how many of them are healthy)
         self._views: dict[str, tuple[list[int] | None, int]] = {}
         self._reroute_due = False  # workers or the plan changed: routed queues may have to move
+        self._planning_inline = 0  # depth of executor.plan calls under way (see step)
         self._quickest: dict[str, tuple[int, int]] = {}  # query type -> (latency version, quickest us)
         # (query type, device kind, latency version, slack in ms) -> queries one worker can serve in that slack
         self._capacity: dict[tuple[str, str, int, int], int] = {}
@@ -222,8 +224,8 @@ class Engine:
             records.append(end(q, Outcome.MET if now <= q.deadline_us else Outcome.LATE, now, served,
                                accuracy[served], size, output=outputs.get(q.id) if outputs else None))
         qt.policy.observe_completion(now, records)
-        for follow_up in result.follow_ups:
-            self.arrive(follow_up)
+        for follow_up in result.follow_ups:  # every follow-up is queued before any policy decides (no re-entry)
+            self._admit(follow_up)
         self.step()
 
     def batch_failed(self, batch: Batch, error: WorkerError) -> None:
@@ -349,10 +351,12 @@ class Engine:
         state = _Planning(planner, self.clock())
         self._plannings.append(state)
         self._request(state)
+        self.step()
 
     def request_plan(self, planner: Planner) -> None:
         """Ask ``planner`` for a plan now, on top of its period."""
         self._request(self._state(planner))
+        self.step()
 
     def _request(self, state: _Planning) -> None:
         """Plan now, unless a plan is already being made (the request is then served by that one)."""
@@ -363,7 +367,13 @@ class Engine:
                         tuple(w for w in self.workers if scope.has_worker(w.id)))
         state.arrivals.clear()
         state.since_us, state.busy = now, True
-        self.executor.plan(state.planner, now, demand)
+        # an executor that plans inline (the simulator) applies the plan from inside this event: its step waits
+        # for the event's own, once everything the event brings is admitted
+        self._planning_inline += 1
+        try:
+            self.executor.plan(state.planner, now, demand)
+        finally:
+            self._planning_inline -= 1
 
     def _state(self, planner: Planner) -> _Planning:
         return next(state for state in self._plannings if state.planner is planner)
@@ -405,7 +415,10 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> None:
-        """Let every policy decide until none has anything left to do; carry out each decision."""
+        """Let every policy decide until none has anything left to do; carry out each decision. Inside another
+        event (a plan applied inline while an arrival is admitted), the event's own step does it once."""
+        if self._planning_inline:
+            return
         now = self.clock()
         if self._target:
             self._move_to_target(now)
