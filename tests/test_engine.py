@@ -217,7 +217,7 @@ def test_planners_may_not_share_a_type_or_a_worker_nor_place_beyond_their_own():
         def plan(self, now_us, demand):
             return Plan(now_us, {3: frozenset({"a0"})})
 
-    with pytest.raises(PolicyError, match="worker 3, which its planner does not own"):
+    with pytest.raises(PolicyError, match=r"worker\(s\) \[3\], which its planner does not own"):
         Simulator(policies, world, planners=[Trespasser("a", Scope(frozenset({"a"}), frozenset({0})))]).run(
             [0], [10**6], ["a"])
 

@@ -215,3 +215,127 @@ def test_faults_in_any_order_lose_no_request(name, ramsis_dir):
                 assert outcome in SERVED or (outcome is not Outcome.CANCELLED and error is not None), (qid, ends)
 
     run()
+
+
+# ------------------------------------------------------------------------------------------------ blast radius
+def _on_gpu(prefix: str):
+    """PROFILE's variants on Triton models of their own (``prefix``0, ...), on the gpu device kind Loki's pipeline
+    uses, so that five systems share one pool with no model in common."""
+    from dataclasses import replace
+
+    from scheduler_sidecar.core.profile import Actuation
+
+    return replace(PROFILE, name=prefix, variants=tuple(
+        replace(v, id=f"{prefix}{i}", actuation=Actuation("model", f"{prefix}{i}"), latency={"gpu": v.latency["cpu"]})
+        for i, v in enumerate(PROFILE.variants)))
+
+
+class Fixed(Scripted):
+    """One plan, for the types and workers of its scope."""
+
+    def __init__(self, plan: Plan, scope) -> None:
+        super().__init__()
+        self.next, self.scope = plan, scope
+
+
+def five_systems(tmp_path):
+    """SuperServe (SlackFit), RAMSIS, Proteus, Loki (its classification task) and HybridServe (its cascade policy)
+    on one engine, as `accscale demo all` deploys them: each system's models on workers of their own, Proteus and
+    Loki planned over theirs. Returns the policies by query type, the workers and the planners."""
+    from scheduler_sidecar.core.plan import Scope
+    from scheduler_sidecar.systems.ramsis.generate import generate_set
+    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
+    from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, from_profile
+
+    ramsis = _on_gpu("r")
+    generate_set(from_profile(ramsis, "gpu", "p99_ms", MAX_QUEUE).pareto(), MdpSpec(36.0, 1, 1.0, 100, 16),
+                 [100.0], tmp_path, refine=False)
+    proteus = _on_gpu("p")
+    policies = {
+        "superserve": SlackFit(_on_gpu("s"), device="gpu"),
+        "ramsis": make_policy("ramsis", ramsis, policy_dir=tmp_path, device="gpu"),
+        "proteus": make_policy("proteus", proteus, query_type="proteus", device="gpu"),
+        "cls": LokiTask(PIPE, "cls", Router(PIPE, DropMode.REROUTING, budget="paper"), device="gpu"),
+        "hybridserve": make_policy("cascade", _on_gpu("h"), device="gpu", max_batch=4),
+    }
+    # Loki's plan (loki_plans) routes to workers 0 and 1; Proteus's to 2
+    models = {t: frozenset(v.actuation.model for v in p.profile.variants) for t, p in policies.items()}
+    holds = {"cls": (0, 1), "proteus": (2,), "superserve": (3,), "ramsis": (4,), "hybridserve": (5,)}
+    workers = [WorkerState(w, device="gpu", resident=models[t]) for t, ws in holds.items() for w in ws]
+    p = [v.id for v in proteus.variants]
+    planners = [Fixed(loki_plans()[0], Scope(frozenset({"cls"}), frozenset(holds["cls"]))),
+                Fixed(Plan(0, {}, ProteusRouting({"proteus": (Route(2, p[3], 1.0, 4),)}, {"proteus": 100.0})),
+                      Scope(frozenset({"proteus"}), frozenset(holds["proteus"])))]
+    return policies, workers, planners
+
+
+class Pool:
+    """An engine as the live driver builds it (a fault handler, so a fault stays in its model), over fake workers
+    that run a batch until the test completes it."""
+
+    def __init__(self, policies, workers, planners) -> None:
+        self.now = 0
+        self.running: dict[int, Batch] = {}
+        self.ends: dict[str, list] = {t: [] for t in policies}
+        self.faults: list[tuple[str, str]] = []
+        self.engine = Engine([QueryType(t, p) for t, p in policies.items()], workers, self, clock=lambda: self.now,
+                             on_end=lambda record, output, error: self.ends[record.query_type].append(
+                                 (record.outcome, error)),
+                             on_fault=lambda name, culprit, exc: self.faults.append((name, culprit)))
+        for planner in planners:
+            self.engine.add_planner(planner)
+
+    run_batch = Harness.run_batch
+    load, unload, wake_at, scale = Harness.load, Harness.unload, Harness.wake_at, Harness.scale
+
+    def plan(self, planner, now_us, demand) -> None:
+        self.engine.apply_plan(planner, planner.plan(now_us, demand))
+
+    def serve(self, arrivals: int) -> None:
+        """``arrivals`` rounds of one query of every type every 2 ms, completing what runs as the clock moves on."""
+        ids = 0
+        for _ in range(arrivals):
+            for name in self.ends:
+                ids += 1
+                self.engine.arrive(Query(self.now + 200_000, ids, ids, self.now, name))
+            self.now += 2_000
+            for wid in sorted(self.running):
+                self.engine.batch_done(self.running.pop(wid), BatchResult())
+            self.engine.wakeup()
+        for _ in range(200):
+            for wid in sorted(self.running):
+                self.engine.batch_done(self.running.pop(wid), BatchResult())
+            self.now += 2_000
+            self.engine.wakeup()
+
+
+@pytest.mark.parametrize("culprit", ["superserve", "ramsis", "proteus", "cls", "hybridserve"])
+def test_a_policy_that_raises_fails_only_its_own_model(culprit, tmp_path):
+    """Five systems on one pool; one policy's decide() starts raising after its tenth call. Its model's requests
+    after that get InternalError, and the fault handler names it; every request of the other four is served."""
+    from scheduler_sidecar.errors import InternalError
+
+    policies, workers, planners = five_systems(tmp_path)
+    planted, calls = policies[culprit], []
+    healthy_decide = planted.decide
+
+    def decide(now_us, queue, workers):
+        calls.append(now_us)
+        if len(calls) > 10:
+            raise RuntimeError("a planted bug")
+        return healthy_decide(now_us, queue, workers)
+
+    planted.decide = decide
+    pool = Pool(policies, workers, planners)
+    pool.serve(100)
+    for name, ends in pool.ends.items():
+        outcomes = [outcome for outcome, _ in ends]
+        assert len(ends) == 100, name  # every request ended, once
+        if name == culprit:
+            failed = [error for outcome, error in ends if outcome is Outcome.FAILED]
+            assert failed and all(isinstance(e, InternalError) and "a planted bug" in str(e) for e in failed)
+            assert len(failed) + sum(o in SERVED for o in outcomes) == 100
+        else:
+            assert all(o in SERVED for o in outcomes), (name, sorted({o.value for o in outcomes}))
+    assert pool.faults and {name for name, _ in pool.faults} == {culprit}
+    assert {who for _, who in pool.faults} == {planted.name}

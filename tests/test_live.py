@@ -14,6 +14,7 @@ from scheduler_sidecar.core.plan import Plan, Planner
 from scheduler_sidecar.core.records import Decision
 from scheduler_sidecar.errors import (
     DeadlineExceeded,
+    InternalError,
     SloInfeasible,
     Unavailable,
     WorkerFailed,
@@ -237,6 +238,32 @@ def test_two_logical_models_share_worker_slots_without_double_booking():
         assert w.max_running == 1
         assert sorted(logits(a)[0] for a in answers) == sorted([i + 1.0 for i in range(6)] * 2)
         assert {a.slot for a in answers} == {0}
+
+    asyncio.run(main())
+
+
+class Broken(SlackFit):
+    """SlackFit with a bug: decide() raises."""
+
+    def decide(self, now_us, queue, workers):
+        raise RuntimeError("a planted bug")
+
+
+def test_a_policy_that_raises_fails_its_own_model_and_the_other_keeps_serving():
+    """Two logical models on one worker; x's policy raises. x's requests get INTERNAL, y's are answered, and
+    accscale_scheduling_faults counts the fault against x alone (before, _guard failed every queued request of every
+    model)."""
+    async def main():
+        policies = {"x": Broken(make_profile()), "y": SlackFit(make_profile())}
+        driver, (x, y) = make_driver(worker(gated=False), policies=policies)
+        results = await asyncio.gather(*(m.infer(row(i, 1), 1_000_000) for i in range(4) for m in (x, y)),
+                                       return_exceptions=True)
+        bad, good = results[0::2], results[1::2]
+        assert all(isinstance(r, InternalError) and "a planted bug" in str(r) for r in bad)
+        assert sorted(logits(a)[0] for a in good) == [1, 2, 3, 4]
+        rendered = x.stats.metrics.render().decode()
+        assert 'accscale_scheduling_faults_total{culprit="slackfit",model="x"}' in rendered
+        assert 'model="y"' not in "".join(line for line in rendered.splitlines() if "scheduling_faults" in line)
 
     asyncio.run(main())
 

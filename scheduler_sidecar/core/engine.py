@@ -50,6 +50,7 @@ from scheduler_sidecar.core.records import (
 from scheduler_sidecar.errors import (
     AccscaleError,
     DeadlineExceeded,
+    InternalError,
     Overloaded,
     PolicyError,
     RequestError,
@@ -88,6 +89,8 @@ class Executor(Protocol):
 
 # record, the driver's output for a served query, the error for one that was not served
 EndHandler = Callable[[QueryRecord, object, AccscaleError | None], None]
+# the query type whose queries a fault failed, the policy or planner that raised, and its exception
+FaultHandler = Callable[[str, str, Exception], None]
 
 
 @dataclass
@@ -140,7 +143,7 @@ class Engine:
 
     def __init__(self, types: Sequence[QueryType], workers: Sequence[WorkerState], executor: Executor, *,
                  clock: Callable[[], int], on_end: EndHandler,
-                 on_decide: Callable[[str, str], None] | None = None) -> None:
+                 on_decide: Callable[[str, str], None] | None = None, on_fault: FaultHandler | None = None) -> None:
         if not types:
             raise ValueError("an engine needs at least one query type")
         self.types = {t.name: t for t in types}
@@ -152,6 +155,9 @@ class Engine:
         self._free = sum(w.is_free for w in self.workers)  # workers that could start a batch now
         self.executor, self.clock, self.on_end = executor, clock, on_end
         self.on_decide = on_decide  # (query type, policy name) after each decide() call: metrics
+        # a policy or planner that raises fails only its own types' queued queries, and this hears of it (live);
+        # None: the exception propagates (the simulator, where a bug must surface)
+        self.on_fault = on_fault
         self._plannings: list[_Planning] = []  # one per planner (add_planner), each over its scope
         self.num_decisions = 0
         self._running: dict[int, Batch] = {}  # worker id -> its running batch
@@ -188,13 +194,22 @@ class Engine:
             return
         qt.queue.push(query)
         qt.latest_deadline_us = max(qt.latest_deadline_us, query.deadline_us)
-        if qt.routes is not None:
-            self._route(qt, query, now, again=False)
-        qt.policy.observe_arrival(now, query)
+        try:
+            if qt.routes is not None:
+                self._route(qt, query, now, again=False)
+            qt.policy.observe_arrival(now, query)
+        except Exception as exc:
+            self._fault((qt,), qt.policy.name, exc)
+            return
         for state in self._plannings:
             if state.planner.scope.has_type(qt.name):
                 state.arrivals[qt.name] = state.arrivals.get(qt.name, 0) + 1
-                if state.planner.observe_arrival(now, query):
+                try:
+                    due = state.planner.observe_arrival(now, query)
+                except Exception as exc:
+                    self._fault(self._types_of(state), type(state.planner).__name__, exc)
+                    continue
+                if due:
                     self._request(state)
 
     def cancel(self, query_id: int, query_type: str) -> bool:
@@ -223,7 +238,10 @@ class Engine:
             served = served_by.get(q.id, variant) if served_by else variant
             records.append(end(q, Outcome.MET if now <= q.deadline_us else Outcome.LATE, now, served,
                                accuracy[served], size, output=outputs.get(q.id) if outputs else None))
-        qt.policy.observe_completion(now, records)
+        try:
+            qt.policy.observe_completion(now, records)
+        except Exception as exc:
+            self._fault((qt,), qt.policy.name, exc)
         for follow_up in result.follow_ups:  # every follow-up is queued before any policy decides (no re-entry)
             self._admit(follow_up)
         self.step()
@@ -375,6 +393,9 @@ class Engine:
         finally:
             self._planning_inline -= 1
 
+    def _types_of(self, state: _Planning) -> list[QueryType]:
+        return [qt for qt in self._type_list if state.planner.scope.has_type(qt.name)]
+
     def _state(self, planner: Planner) -> _Planning:
         return next(state for state in self._plannings if state.planner is planner)
 
@@ -389,21 +410,29 @@ class Engine:
         """A plan is in force: the planner's workers move to its placement as they become free; its types'
         policies route by it."""
         state = self._state(planner)
-        state.busy, state.plan = False, plan
+        state.busy = False
         now, scope = self.clock(), planner.scope
+        stray = sorted(wid for wid in plan.placement if wid in self._index and not scope.has_worker(wid))
+        if stray:  # the plan is refused whole: the current one stays
+            state.next_us = now + planner.period_us
+            self._wake(state.next_us)
+            self._fault(self._types_of(state), type(planner).__name__, PolicyError(
+                f"plan places models on worker(s) {stray}, which its planner does not own"))
+            self.step()
+            return
+        state.plan = plan
         for wid, models in plan.placement.items():
-            if wid not in self._index:
-                continue  # it left the pool while the plan was made (remove_workers)
-            if not scope.has_worker(wid):
-                raise PolicyError(f"plan places models on worker {wid}, which its planner does not own")
-            self._target[wid] = frozenset(models)
+            if wid in self._index:  # else it left the pool while the plan was made (remove_workers)
+                self._target[wid] = frozenset(models)
         for model, count in plan.instances.items():
             if self._instances.get(model) != count:
                 self._instances[model] = count
                 self.executor.scale(model, count, [w for w in self.workers if scope.has_worker(w.id)])
-        for qt in self.types.values():
-            if scope.has_type(qt.name):
+        for qt in self._types_of(state):
+            try:
                 qt.policy.observe_plan(now, plan)
+            except Exception as exc:
+                self._fault((qt,), qt.policy.name, exc)
         self._reroute_due = True
         state.next_us = now + planner.period_us
         self._wake(state.next_us)
@@ -430,14 +459,20 @@ class Engine:
             for qt in self._by_head_deadline():
                 if not qt.queue:
                     break  # the rest are idle too: an empty queue sorts last
-                decision = qt.policy.decide(now, qt.view, self._workers_for(qt))
-                self.num_decisions += 1
-                if self.on_decide is not None:
-                    self.on_decide(qt.name, qt.policy.name)
-                if decision.wakeup_us is not None and decision.wakeup_us > now:
-                    self._wake(decision.wakeup_us)
+                try:
+                    decision = qt.policy.decide(now, qt.view, self._workers_for(qt))
+                    self.num_decisions += 1
+                    if self.on_decide is not None:
+                        self.on_decide(qt.name, qt.policy.name)
+                    if decision.wakeup_us is not None and decision.wakeup_us > now:
+                        self._wake(decision.wakeup_us)
+                    if not decision.is_empty:
+                        self._apply(qt, decision, now)
+                except Exception as exc:
+                    self._fault((qt,), qt.policy.name, exc)
+                    progress = self._free > 0  # its queue is empty now; the other types decide on
+                    continue
                 if not decision.is_empty:
-                    self._apply(qt, decision, now)
                     progress = self._free > 0
                     if not progress:
                         break
@@ -547,12 +582,15 @@ class Engine:
             routes = qt.routes
             if routes is None or not routes.where:
                 continue
-            for wid in routes.workers():
-                i = self._index.get(wid) if wid is not None else None
-                if i is not None and qt.policy.keeps(self.workers[i]):
-                    continue
-                for q in routes.take(wid):
-                    self._route(qt, q, now, again=True)
+            try:
+                for wid in routes.workers():
+                    i = self._index.get(wid) if wid is not None else None
+                    if i is not None and qt.policy.keeps(self.workers[i]):
+                        continue
+                    for q in routes.take(wid):
+                        self._route(qt, q, now, again=True)
+            except Exception as exc:
+                self._fault((qt,), qt.policy.name, exc)
 
     def _all_models(self) -> set[str]:
         return {m for qt in self.types.values() for m in qt.models.values()}
@@ -667,13 +705,28 @@ class Engine:
             if self._attempts.get(q.id, 0) < qt.max_attempts and self._num_healthy(qt):
                 qt.queue.push(q)  # retried on another worker
                 if qt.routes is not None:
-                    self._route(qt, q, now, again=True)
+                    try:
+                        self._route(qt, q, now, again=True)
+                    except Exception as exc:
+                        self._fault((qt,), qt.policy.name, exc)
             else:
                 self._end(q, Outcome.FAILED, now, error=Unavailable(
                     f"{error} (after {self._attempts.get(q.id, 0)} attempt(s))"))
 
+    def _fault(self, types: Iterable[QueryType], culprit: str, exc: Exception) -> None:
+        """A policy or planner raised: its own types' queued queries fail with InternalError, and the other types
+        keep serving (a deployment of five systems loses one, not five); without a fault handler, it propagates."""
+        if self.on_fault is None:
+            raise exc
+        log.error("%s failed; failing the queued requests of %s", culprit, [qt.name for qt in types],
+                  exc_info=exc)
+        error = InternalError(f"scheduling failed in {culprit}: {type(exc).__name__}: {exc}")
+        for qt in types:
+            self._fail_queued(qt, error)
+            self.on_fault(qt.name, culprit, exc)
+
     def fail_queued(self, error: AccscaleError) -> None:
-        """End every queued query with ``error`` (the driver's answer to a policy that raised)."""
+        """End every queued query with ``error`` (the driver's answer to a bug in the engine itself)."""
         for qt in self.types.values():
             self._fail_queued(qt, error)
 
@@ -706,11 +759,14 @@ class Engine:
         self._views.pop(query_type, None)  # its models are the new profile's
         now = self.clock()
         plan = self.plan_of(query_type)
-        if plan is not None:
-            policy.observe_plan(now, plan)
-        if qt.routes is not None:  # the new policy routes every query afresh
-            for q in queued:
-                self._route(qt, q, now, again=True)
+        try:
+            if plan is not None:
+                policy.observe_plan(now, plan)
+            if qt.routes is not None:  # the new policy routes every query afresh
+                for q in queued:
+                    self._route(qt, q, now, again=True)
+        except Exception as exc:
+            self._fault((qt,), policy.name, exc)
         self.step()
         return old
 
@@ -732,4 +788,4 @@ class Engine:
         return self._running
 
 
-__all__ = ["EndHandler", "Engine", "Executor", "QueryType"]
+__all__ = ["EndHandler", "Engine", "Executor", "FaultHandler", "QueryType"]

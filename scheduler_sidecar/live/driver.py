@@ -209,7 +209,8 @@ class LiveDriver:
                            admission=m.options.admission) for m, p in pairs]
         self.clock = clock
         self.engine = Engine(types, [], self, clock=clock, on_end=self._on_end,
-                             on_decide=lambda name, policy: self.models[name].stats.decision(policy))
+                             on_decide=lambda name, policy: self.models[name].stats.decision(policy),
+                             on_fault=lambda name, culprit, exc: self.models[name].stats.fault(culprit))
         for model, _ in pairs:
             model.driver = self
             # read when /metrics is scraped, not set on every request
@@ -337,7 +338,9 @@ class LiveDriver:
                                          else Unavailable(str(error) if error else outcome.value))
 
     def _guard(self, fn, *args):
-        """Run an engine event; a bug (a policy that raised) fails every request not running instead of hanging it."""
+        """Run an engine event. A policy or planner that raises is the engine's to contain (it fails only its own
+        models' queries); what reaches here is a bug in the engine itself, whose state may be broken for every
+        model: every request not running fails rather than hangs."""
         try:
             return fn(*args)
         except Exception as exc:
@@ -525,8 +528,11 @@ class LiveDriver:
     async def _plan(self, planner: Planner, now_us: int, demand: Demand) -> None:
         try:
             plan = await asyncio.get_running_loop().run_in_executor(None, planner.plan, now_us, demand)
-        except Exception:
+        except Exception as exc:
             log.exception("planner failed; the current plan stays")
+            for name in self.models:
+                if planner.scope.has_type(name):
+                    self.models[name].stats.fault(f"{type(planner).__name__}: {type(exc).__name__}")
             self._guard(self.engine.plan_failed, planner)
             return
         # when it was asked for and when it was ready, on this clock: a simulation of the run plans alike (bench fidelity)

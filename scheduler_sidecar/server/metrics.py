@@ -50,6 +50,9 @@ class Metrics:
                                    "with (latency calibration; 1 until measured)", ["model"], registry=r)
         self.loop_lag = Gauge("accscale_loop_lag_seconds", "How late the event loop runs a ready handler (the "
                               "recent largest): counted against each arriving request's deadline", registry=r)
+        self.faults = Counter("accscale_scheduling_faults", "Exceptions raised by a model's policy or planner "
+                              "(culprit); a policy's fails that model's queued requests only, a planner's keeps its "
+                              "last plan", ["model", "culprit"], registry=r)
         self.worker_failures = Counter("accscale_worker_failures", "Batches lost to a failed worker",
                                        ["endpoint"], registry=r)
 
@@ -83,6 +86,9 @@ class ModelMetrics:
         if child is None:
             child = self._decisions[policy] = self.metrics.decisions.labels(self.model, policy)
         child.inc()
+
+    def fault(self, culprit: str) -> None:
+        self.metrics.faults.labels(self.model, culprit).inc()
 
     def policy(self, old: str | None, new: str) -> None:
         if old is not None:
