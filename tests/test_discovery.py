@@ -187,7 +187,7 @@ def test_a_sidecar_follows_the_pods_a_name_resolves_to(fast_build, triton, tmp_p
         assert set(during) <= {triton.grpc_url, second.grpc_url}, set(during)  # every request answered
         assert set(after) == {second.grpc_url}
         assert [w["url"] for w in sidecar.workers()] == [second.grpc_url]
-        assert len(sidecar.pool.workers) == 1 and {s.worker.url for s in sidecar.driver.slots.values()} == {
+        assert len(sidecar.pool.workers) == 1 and {sidecar.membership.worker(s).url for s in sidecar.driver.slots} == {
             second.grpc_url}
 
     try:

@@ -1,9 +1,12 @@
 """Faults in any order lose nothing: for every registered policy (and Loki's per-task policy), clients that leave,
-workers lost and back, batches that fail, policy switches and plan changes arrive in any order between two
-decisions (Hypothesis draws the sequences), on a fake clock. Every request is answered or gets its own explicit
+workers lost and back, workers added and removed, rolling updates (add one, then drain the oldest), batches that
+fail, policy switches and plan changes arrive in any order between two decisions (Hypothesis draws the sequences),
+on a fake clock. Membership reaches the engine as the live driver hands it: the full set of serving workers. Every request is answered or gets its own explicit
 error, and no event makes the engine raise."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -31,15 +34,17 @@ SERVED = {Outcome.MET, Outcome.LATE}
 
 
 class Scripted(Planner):
-    """Hands the engine the plan a test event chose (the engine asks; this answers inline)."""
+    """Hands the engine the plan a test event chose (the engine asks; this answers inline), over the workers it has
+    when asked: ``next`` makes the plan from the ids of the first two (the same one twice when only one is left)."""
 
     period_us = 10**12
 
     def __init__(self) -> None:
-        self.next: Plan = Plan(0)
+        self.next = lambda first, second: Plan(0)
 
     def plan(self, now_us, demand):
-        return self.next
+        ids = sorted(w.id for w in demand.workers if w.healthy) or sorted(w.id for w in demand.workers)
+        return self.next(ids[0], ids[min(1, len(ids) - 1)]) if ids else Plan(now_us)
 
 
 class Harness:
@@ -52,9 +57,12 @@ class Harness:
         self.ends: dict[int, list] = {}
         self.cancelled: set[int] = set()
         self.planner = Scripted()
-        device = make(0).device
-        self.engine = Engine([QueryType(TYPE, make(0))], [WorkerState(i, device=device) for i in range(WORKERS)],
-                             self, clock=lambda: self.now, on_end=self._on_end)
+        self.device = make(0).device
+        # the serving set, as the live driver's membership hands it to the engine; ids are never reused
+        self.serving = {i: WorkerState(i, device=self.device) for i in range(WORKERS)}
+        self.next_worker = WORKERS
+        self.engine = Engine([QueryType(TYPE, make(0))], list(self.serving.values()), self, clock=lambda: self.now,
+                             on_end=self._on_end)
         self.planner.next = plans[0]
         self.engine.add_planner(self.planner)  # as a deployment does: a plan is in force before any request
         self.ids = 0
@@ -99,11 +107,26 @@ class Harness:
             else:
                 engine.batch_failed(batch, WorkerFailed("the model failed this batch"))
         elif kind == "lost":  # a worker running a batch, if one is (the batch goes back to the queue)
-            worker = running[k % len(running)] if running else k % WORKERS
+            worker = running[k % len(running)] if running else self._pick(k)
             self.running.pop(worker, None)
-            engine.set_health(worker, False)
-        elif kind == "back":
-            engine.set_health(k % WORKERS, True)
+            if worker in self.serving:
+                self.serving[worker] = replace(self.serving[worker], healthy=False)
+                engine.update_workers(self.serving.values())
+            else:  # a leaving worker died while finishing its batch
+                engine.set_health(worker, False)
+        elif kind == "back" and self.serving:
+            worker = self._pick(k)
+            self.serving[worker] = replace(self.serving[worker], healthy=True)
+            engine.update_workers(self.serving.values())
+        elif kind == "add":
+            self._add()
+        elif kind == "remove" and self.serving:
+            del self.serving[self._pick(k)]
+            engine.update_workers(self.serving.values())
+        elif kind == "roll":  # a Deployment rolls one pod: the new one is admitted, then the oldest drained
+            self._add()
+            del self.serving[min(self.serving)]
+            engine.update_workers(self.serving.values())
         elif kind == "switch":  # to a fresh policy of the same kind, or to SlackFit on the same profile
             first = self.make(k)
             engine.set_policy(TYPE, first if k % 2 else SlackFit(first.profile, device=first.device))
@@ -114,10 +137,23 @@ class Harness:
             self.now += 1_000 * (k + 1)
             engine.wakeup()
 
+    def _pick(self, k: int) -> int:
+        ids = sorted(self.serving)
+        return ids[k % len(ids)] if ids else -1
+
+    def _add(self) -> None:
+        self.serving[self.next_worker] = WorkerState(self.next_worker, device=self.device)
+        self.next_worker += 1
+        self.engine.update_workers(self.serving.values())
+
     def check(self) -> None:
         """The engine's books: its count of free workers, and a routing policy's queues holding what is queued."""
         engine = self.engine
         assert engine._free == sum(w.is_free for w in engine.workers)
+        # every serving worker is in the engine, with the health it was given; the rest are draining or gone
+        by_id = {w.id: w for w in engine.workers}
+        assert all(by_id[wid].healthy == w.healthy for wid, w in self.serving.items())
+        assert set(self.running) <= set(by_id)
         qt = engine.types[TYPE]
         if qt.routes is not None:
             assert set(qt.routes.where) == {q.id for q in qt.queue.scan()}
@@ -125,8 +161,12 @@ class Harness:
     def drain(self, down: int | None) -> None:
         """Every worker back but ``down``, every batch completed, time on: until nothing is queued or running (a
         query routed to the worker left down must find another)."""
-        for w in range(WORKERS):
-            self.engine.set_health(w, w != down)
+        if len(self.serving) < WORKERS:  # scaled in below the deployment's size: it scales out again
+            for _ in range(WORKERS - len(self.serving)):
+                self._add()
+        down = sorted(self.serving)[down] if down is not None else None
+        self.serving = {w: replace(s, healthy=w != down) for w, s in self.serving.items()}
+        self.engine.update_workers(self.serving.values())
         self.running.pop(down, None)
         for _ in range(10_000):
             if not self.running and not self.engine.queued():
@@ -138,22 +178,24 @@ class Harness:
         raise AssertionError(f"not drained: {self.engine.queued()} queued, {len(self.running)} running")
 
 
-def proteus_plans() -> list[Plan]:
+# a plan list's entries make a plan over two worker ids (the planner's first two workers when it is asked)
+def proteus_plans() -> list:
     v = [x.id for x in PROFILE.variants]
-    routings = [(Route(0, v[3], 0.5, 4), Route(1, v[2], 0.5, 4)), (Route(1, v[0], 1.0, 8),), ()]
-    return [Plan(0, {}, ProteusRouting({TYPE: r}, {TYPE: 100.0})) for r in routings]
+    routings = [lambda a, b: (Route(a, v[3], 0.5, 4), Route(b, v[2], 0.5, 4)),
+                lambda a, b: (Route(b, v[0], 1.0, 8),), lambda a, b: ()]
+    return [lambda a, b, r=r: Plan(0, {}, ProteusRouting({TYPE: r(a, b)}, {TYPE: 100.0})) for r in routings]
 
 
-def loki_plans() -> list[Plan]:
+def loki_plans() -> list:
     def plan(replicas: tuple[Replica, ...]) -> Plan:
         routing = Routing({r.worker_id: r for r in replicas}, {}, {"cls": ((replicas[-1].worker_id, 50.0),)},
                           {r.worker_id: 10.0 for r in replicas})
         return Plan(0, {}, LokiPlan(50.0, milp.Solution("accuracy", (), {}, 1.0, 0.9, 0.0), routing))
 
     big, small = ("big", 0.95, 20.0), ("small", 0.8, 5.0)
-    return [plan((Replica(0, "cls", *big[:1], 1, big[2], 50.0, big[1]), Replica(1, "cls", *small[:1], 4, small[2],
-                                                                                 200.0, small[1]))),
-            plan((Replica(1, "cls", *small[:1], 1, small[2], 200.0, small[1]),))]
+    return [lambda a, b: plan((Replica(a, "cls", *big[:1], 1, big[2], 50.0, big[1]),
+                               Replica(b, "cls", *small[:1], 4, small[2], 200.0, small[1]))),
+            lambda a, b: plan((Replica(b, "cls", *small[:1], 1, small[2], 200.0, small[1]),))]
 
 
 @pytest.fixture(scope="module")
@@ -181,11 +223,12 @@ def factory(name: str, ramsis_dir):
         options["workers"] = WORKERS
     if name in ("loki", "cascade"):
         options["max_batch"] = 4
-    return (lambda k: make_policy(name, PROFILE, **options)), proteus_plans() if name == "proteus" else [Plan(0)]
+    return (lambda k: make_policy(name, PROFILE, **options)), \
+        proteus_plans() if name == "proteus" else [lambda a, b: Plan(0)]
 
 
-EVENTS = st.lists(st.tuples(st.sampled_from(["arrive", "cancel", "lost", "back", "complete", "fail", "switch", "plan",
-                                             "tick"]),
+EVENTS = st.lists(st.tuples(st.sampled_from(["arrive", "cancel", "lost", "back", "add", "remove", "roll", "complete",
+                                             "fail", "switch", "plan", "tick"]),
                             st.integers(0, 7)), max_size=40)
 
 
@@ -198,6 +241,8 @@ def test_faults_in_any_order_lose_no_request(name, ramsis_dir):
     # the issue's case: a client leaves while a worker running a batch is lost, then the workers go on (a policy
     # that kept a copy of its queue resynced only when the two counts differed, and here they did not)
     @example([("arrive", 5), ("cancel", 0), ("lost", 1), ("complete", 0)])
+    # issue 43's rolling update: a worker leaves while serving, a new one joins, the other keeps serving
+    @example([("arrive", 3), ("roll", 0), ("arrive", 3), ("roll", 0), ("complete", 0), ("complete", 1)])
     def run(events):
         h = Harness(make, plans)
         for kind, k in events:
@@ -233,7 +278,7 @@ def _on_gpu(prefix: str):
 class Fixed(Scripted):
     """One plan, for the types and workers of its scope."""
 
-    def __init__(self, plan: Plan, scope) -> None:
+    def __init__(self, plan, scope) -> None:
         super().__init__()
         self.next, self.scope = plan, scope
 
@@ -264,7 +309,8 @@ def five_systems(tmp_path):
     workers = [WorkerState(w, device="gpu", resident=models[t]) for t, ws in holds.items() for w in ws]
     p = [v.id for v in proteus.variants]
     planners = [Fixed(loki_plans()[0], Scope(frozenset({"cls"}), frozenset(holds["cls"]))),
-                Fixed(Plan(0, {}, ProteusRouting({"proteus": (Route(2, p[3], 1.0, 4),)}, {"proteus": 100.0})),
+                Fixed(lambda a, b: Plan(0, {}, ProteusRouting({"proteus": (Route(a, p[3], 1.0, 4),)},
+                                                              {"proteus": 100.0})),
                       Scope(frozenset({"proteus"}), frozenset(holds["proteus"])))]
     return policies, workers, planners
 

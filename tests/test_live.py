@@ -168,7 +168,7 @@ def test_a_worker_added_after_one_left_takes_no_slot_of_a_worker_still_serving()
         driver, (model,) = make_driver(a, b)
         await driver.drained(driver.remove_worker(a))
         (new,) = driver.add_worker(c, 1)
-        assert new == 2 and {sid: s.worker.url for sid, s in driver.slots.items()} == {1: "b", 2: "c"}
+        assert new == 2 and {sid: driver.membership.worker(sid).url for sid in driver.slots} == {1: "b", 2: "c"}
         assert sorted(w.id for w in driver.engine.workers) == [1, 2]
         answers = await asyncio.gather(*(model.infer(row(i, 0), 1_000_000) for i in range(6)))
         assert sorted(logits(x)[0] for x in answers) == [0, 1, 2, 3, 4, 5] and {x.worker for x in answers} <= {"b", "c"}

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from scheduler_sidecar.core.plan import Demand, Plan, Planner
+from scheduler_sidecar.core.plan import Demand, Plan, Planner, Scope
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.queue import EdfQueue, QueueView, WorkerQueues
 from scheduler_sidecar.core.records import (
@@ -135,6 +135,7 @@ class _Planning:
     arrivals: dict[str, int] = field(default_factory=dict)  # query type -> arrivals since ``since_us``
     plan: Plan | None = None
     busy: bool = False  # a plan is being made
+    again: bool = False  # its workers changed while it was made: plan again once it is in
     next_us: int | None = None
 
 
@@ -165,6 +166,7 @@ class Engine:
         self._wakeups: set[int] = set()  # times the executor will call wakeup()
         self._target: dict[int, frozenset[str]] = {}  # worker id -> placement still to carry out
         self._leaving: set[int] = set()  # workers removed while running a batch: they go when it ends
+        self._retired: set[int] = set()  # workers that have gone: their ids are never taken again
         self._instances: dict[str, int] = {}  # Triton model -> the instance count a plan last set
         # query type -> (indices of its workers, None when all of them; how many of them are healthy)
         self._views: dict[str, tuple[list[int] | None, int]] = {}
@@ -258,9 +260,36 @@ class Engine:
                 self._end(q, Outcome.FAILED, error=error)
         self.step()
 
+    def update_workers(self, serving: Iterable[WorkerState]) -> None:
+        """Reconcile with the full set of workers that should be serving now (a driver's membership registry): one
+        absent from it leaves (drained, as :meth:`remove_workers`), a new one joins, and each keeps or changes its
+        health as the set says; then the policies decide once. A full set cannot be applied out of order, as a
+        stream of adds and removes can."""
+        desired = {w.id: w for w in serving}
+        joining = [w for wid, w in desired.items() if wid not in self._index]
+        leaving = [wid for wid in self._index if wid not in desired and wid not in self._leaving]
+        self._add(joining)
+        self._remove(leaving)
+        for wid, w in desired.items():
+            self._health(wid, w.healthy)
+        self._replan({w.id for w in joining} | set(leaving))
+        self.step()
+
+    def _replan(self, worker_ids: set[int]) -> None:
+        """A planner whose workers joined or left plans again at once: its plan names workers by id, and a worker
+        that joined serves nothing of a planned type, or one that left takes its routed queries with it, until it
+        does (a planner's period can be seconds)."""
+        for state in self._plannings:
+            if any(state.planner.scope.has_worker(wid) for wid in worker_ids):
+                self._request(state, workers_changed=True)
+
     def set_health(self, worker_id: int, healthy: bool) -> None:
         """A worker went down (its running batch is retried elsewhere) or came back. A worker that has left (or is
         leaving, see :meth:`remove_workers`) never comes back; its loss is still a loss."""
+        self._health(worker_id, healthy)
+        self.step()
+
+    def _health(self, worker_id: int, healthy: bool) -> None:
         i = self._index.get(worker_id)
         if i is None or (healthy and worker_id in self._leaving):
             return
@@ -278,12 +307,18 @@ class Engine:
         self._drop_left()
         if not healthy:
             self._fail_unserved(Unavailable("no healthy worker"))
-        self.step()
 
     def remove_workers(self, worker_ids: Iterable[int]) -> None:
         """Workers leave the pool for good (their Triton was scaled away): none starts another batch or load, and
         each goes once the batch it runs, if any, has ended; that batch's queries are answered as usual, or
         retried elsewhere if it fails. So a worker drained this way loses no query."""
+        self._remove(worker_ids)
+        self.step()
+
+    def _remove(self, worker_ids: Iterable[int]) -> None:
+        worker_ids = list(worker_ids)
+        if not worker_ids:
+            return
         for wid in worker_ids:
             i = self._index[wid]
             self._set(i, self.workers[i], healthy=False, loading_model=None, loading_until_us=None,
@@ -292,7 +327,6 @@ class Engine:
         self._workers_changed()
         self._drop_left()
         self._fail_unserved(Unavailable("no healthy worker"))
-        self.step()
 
     def _drop_left(self) -> None:
         """Forget the leaving workers that run no batch any more."""
@@ -300,6 +334,7 @@ class Engine:
         if not gone:
             return
         self._leaving -= gone
+        self._retired |= gone
         self.workers = [w for w in self.workers if w.id not in gone]
         self._index = {w.id: i for i, w in enumerate(self.workers)}
         self._free = sum(w.is_free for w in self.workers)
@@ -318,14 +353,20 @@ class Engine:
                 self._fail_queued(qt, error)
 
     def add_workers(self, workers: Iterable[WorkerState]) -> None:
+        self._add(workers)
+        self.step()
+
+    def _add(self, workers: Iterable[WorkerState]) -> None:
+        workers = list(workers)
+        for w in workers:  # checked first: a refused call adds none of them
+            if w.id in self._index or w.id in self._retired:
+                raise ValueError(f"worker {w.id} is already in the pool, or was: a worker id is never reused")
         for w in workers:
-            if w.id in self._index:
-                raise ValueError(f"worker {w.id} is already in the pool")
             self._index[w.id] = len(self.workers)
             self.workers.append(w)
             self._free += w.is_free
-        self._workers_changed()
-        self.step()
+        if workers:
+            self._workers_changed()
 
     def load_done(self, worker_id: int, model: str, ok: bool = True) -> None:
         """A load finished (or failed: the model stays absent); the worker serves again. Ignored for a worker that
@@ -360,25 +401,41 @@ class Engine:
     def add_planner(self, planner: Planner) -> None:
         """Plan ``planner.scope`` with ``planner`` from now on: the first plan at once, then every period and on
         bursts. No two planners share a query type or a worker."""
-        scope = planner.scope
-        for other in (state.planner.scope for state in self._plannings):
-            for mine, theirs, what in ((scope.types, other.types, "query type"), (scope.workers, other.workers,
-                                                                                    "worker")):
-                if mine is None or theirs is None or mine & theirs:
-                    raise ValueError(f"two planners would plan the same {what}: give each its own")
+        self._check_scope(planner, planner.scope)
         state = _Planning(planner, self.clock())
         self._plannings.append(state)
         self._request(state)
         self.step()
+
+    def set_scope(self, planner: Planner, workers: Iterable[int]) -> None:
+        """The workers ``planner`` plans from now on (one joined or left its part of the pool); its next plan sees
+        them. A planner's scope changes only here, where no two planners may come to share a worker."""
+        scope = replace(planner.scope, workers=frozenset(workers))
+        if scope == planner.scope:
+            return
+        self._check_scope(planner, scope)
+        planner.scope = scope
+        self._reroute_due = True
+        self._request(self._state(planner), workers_changed=True)
+        self.step()
+
+    def _check_scope(self, planner: Planner, scope: Scope) -> None:
+        for other in (state.planner.scope for state in self._plannings if state.planner is not planner):
+            for mine, theirs, what in ((scope.types, other.types, "query type"), (scope.workers, other.workers,
+                                                                                    "worker")):
+                if mine is None or theirs is None or mine & theirs:
+                    raise ValueError(f"two planners would plan the same {what}: give each its own")
 
     def request_plan(self, planner: Planner) -> None:
         """Ask ``planner`` for a plan now, on top of its period."""
         self._request(self._state(planner))
         self.step()
 
-    def _request(self, state: _Planning) -> None:
-        """Plan now, unless a plan is already being made (the request is then served by that one)."""
+    def _request(self, state: _Planning, *, workers_changed: bool = False) -> None:
+        """Plan now, unless a plan is already being made: the request is then served by that one, or, when the
+        planner's workers changed since it was asked for, by another once it is in."""
         if state.busy:
+            state.again |= workers_changed
             return
         now, scope = self.clock(), state.planner.scope
         demand = Demand(state.since_us, now, dict(state.arrivals),
@@ -402,7 +459,7 @@ class Engine:
     def plan_failed(self, planner: Planner) -> None:
         """The planner raised: its current plan stays, and its next one is asked for a period later."""
         state = self._state(planner)
-        state.busy = False
+        state.busy = state.again = False
         state.next_us = self.clock() + planner.period_us
         self._wake(state.next_us)
 
@@ -436,6 +493,9 @@ class Engine:
         self._reroute_due = True
         state.next_us = now + planner.period_us
         self._wake(state.next_us)
+        if state.again:  # its workers changed while this plan was made: it is in force, and another is asked for
+            state.again = False
+            self._request(state)
         self.step()
 
     def plan_of(self, query_type: str) -> Plan | None:

@@ -54,6 +54,7 @@ from scheduler_sidecar.errors import (
     WorkerFailed,
     WorkerLost,
 )
+from scheduler_sidecar.live.membership import Membership
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import InferCall, Worker
 
@@ -188,21 +189,12 @@ class _Pending:
     handed_over: bool = False  # a follow-up query took over the answer
 
 
-@dataclass(frozen=True)
-class _Slot:
-    worker: Worker
-    index: int  # which of the worker's instances
-
-    @property
-    def label(self) -> str:
-        return f"{self.worker.url}#{self.index}"
-
-
 class LiveDriver:
     """The engine of one worker pool on the wall clock (see the module docstring)."""
 
-    def __init__(self, models: Iterable[tuple[LiveModel, Policy]], *,
-                 clock: Callable[[], int] = now_us, on_worker_lost: Callable[[Worker, str], None] | None = None) -> None:
+    def __init__(self, models: Iterable[tuple[LiveModel, Policy]], *, clock: Callable[[], int] = now_us,
+                 on_worker_lost: Callable[[Worker, str], None] | None = None,
+                 membership: Membership | None = None) -> None:
         pairs = list(models)
         self.models = {m.name: m for m, _ in pairs}
         types = [QueryType(m.name, p, queue_limit=m.options.queue_limit, max_attempts=m.options.max_attempts,
@@ -215,10 +207,8 @@ class LiveDriver:
             model.driver = self
             # read when /metrics is scraped, not set on every request
             model.stats.queue_depth.set_function(lambda name=model.name: self.engine.queued(name))
-        self.slots: dict[int, _Slot] = {}  # worker slot id -> its worker and instance
-        # slot ids are never reused: a worker added after another left must not take a live worker's id (numbering
-        # by len(self.slots) gave a new worker the id of one still serving once a removed one was pruned)
-        self._slot_ids = itertools.count()
+        # which workers and slots there are: the one owner of that state (the engine is told the full set)
+        self.membership = membership or Membership()
         self.on_worker_lost = on_worker_lost or (lambda worker, reason: None)
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count()
@@ -231,42 +221,64 @@ class LiveDriver:
 
     # ---------------------------------------------------------------- workers
     def add_worker(self, worker: Worker, slots: int, *, device: str | None = None,
-                   resident: frozenset[str] | None = None, healthy: bool = True) -> list[int]:
-        """Add ``slots`` worker slots (the worker's model instances); returns their ids.
+                   resident: frozenset[str] | None = None, owner: int | None = None) -> list[int]:
+        """Add ``slots`` worker slots (the worker's model instances) for ``owner``'s models (a planner's index, None:
+        the unplanned models); returns their ids, which are never reused. The worker joins the membership on its
+        first call.
 
         ``device`` is the slots' device kind (default: the one the first model's policy plans for);
         ``resident`` the Triton models loaded there (default: every model).
         """
-        device = device or next(iter(self.engine.types.values())).policy.device
-        ids = [next(self._slot_ids) for _ in range(slots)]
-        for i, sid in enumerate(ids):
-            self.slots[sid] = _Slot(worker, i)
-        self._guard(self.engine.add_workers,
-                    [WorkerState(sid, healthy=healthy, device=device, resident=resident) for sid in ids])
+        member = self.membership.find(worker.url)
+        if member is None or member.worker is not worker:
+            member = self.membership.join(worker, device=device)
+        ids = self.membership.add_slots(member, slots, owner=owner, resident=resident)
+        self.sync()
         return ids
 
     def remove_worker(self, worker: Worker) -> list[int]:
         """Take the worker's slots out of the pool (it left the deployment); returns their ids. Each finishes the
         batch it runs (:meth:`Engine.remove_workers`): :meth:`drained` says when all have."""
-        ids = [sid for sid, slot in self.slots.items() if slot.worker is worker]
-        self._guard(self.engine.remove_workers, ids)
-        # slots of workers removed before, whose last batch has ended since: forgotten now
-        self.slots = {sid: slot for sid, slot in self.slots.items() if self.engine.has_worker(sid)}
+        member = self.membership.leave(worker)
+        ids = list(member.slots)
+        self.sync()
         return ids
+
+    def worker_health(self, worker: Worker, healthy: bool) -> None:
+        """The worker went down or came back (the registry may know already: the health checks share it)."""
+        self.membership.set_health(worker, healthy)
+        self.sync()
+        if not healthy:  # a leaving worker is out of the serving set, but the batch it was finishing is lost
+            for sid in [sid for sid, slot in self.membership.slots.items()
+                        if self.membership.members[slot.member].worker is worker and self.engine.has_worker(sid)]:
+                self._guard(self.engine.set_health, sid, False)
+            self._forget_drained()
+
+    def sync(self) -> None:
+        """Hand the engine the full set of slots that should be serving, then forget the slots that have drained."""
+        default = next(iter(self.engine.types.values())).policy.device
+        self._guard(self.engine.update_workers, [
+            WorkerState(slot.id, healthy=member.healthy, device=member.device or default, resident=slot.resident)
+            for slot, member in self.membership.serving()])
+        self._forget_drained()
+
+    def _forget_drained(self) -> None:
+        self.membership.forget({sid for sid in self.membership.slots if not self.engine.has_worker(sid)})
 
     async def drained(self, ids: Sequence[int], poll_s: float = 0.05) -> None:
         """Wait until the removed slots ``ids`` run no batch any more (each ends by its deadline, plus a grace)."""
         while any(self.engine.has_worker(sid) for sid in ids):
             await asyncio.sleep(poll_s)
+        self._forget_drained()
+
+    @property
+    def slots(self) -> dict[int, object]:
+        """Slot id -> its :class:`~scheduler_sidecar.live.membership.Slot`, every slot the registry holds."""
+        return self.membership.slots
 
     def use_planner(self, planner: Planner) -> None:
         """Plan ``planner.scope`` from now on (the first plan at once, then every period and on bursts)."""
         self._guard(self.engine.add_planner, planner)
-
-    def worker_health(self, worker: Worker, healthy: bool) -> None:
-        for sid, slot in self.slots.items():
-            if slot.worker is worker:
-                self._guard(self.engine.set_health, sid, healthy)
 
     def healthy_slots(self, model: str) -> int:
         return sum(w.healthy for w in self.engine.workers_of(model))
@@ -360,7 +372,7 @@ class LiveDriver:
         self._spawn(self._run(batch))
 
     async def _run(self, batch: Batch) -> None:
-        slot = self.slots[batch.worker_id]
+        worker, label = self.membership.worker(batch.worker_id), self.membership.label(batch.worker_id)
         rows = [self._pending.get(q.id) for q in batch.queries]
         live = [p for p in rows if p is not None]
         if not live:  # every client left before its batch started
@@ -371,22 +383,22 @@ class LiveDriver:
         start = self.clock()
         last_deadline_us = max(q.deadline_us for q in batch.queries)
         try:
-            answers = await self._infer(slot.worker, model, variant, live, last_deadline_us, batch.dispatch.params)
+            answers = await self._infer(worker, model, variant, live, last_deadline_us, batch.dispatch.params)
         except WorkerLost as exc:
-            self.on_worker_lost(slot.worker, str(exc))
+            self.on_worker_lost(worker, str(exc))
             self._guard(self.engine.batch_failed, batch, exc)
             return
         except WorkerError as exc:
             self._guard(self.engine.batch_failed, batch, exc)
             return
         except Exception as exc:  # a bug; the batch's requests still get an answer
-            log.exception("batch on %s failed", slot.label)
+            log.exception("batch on %s failed", label)
             self._guard(self.engine.batch_failed, batch, WorkerFailed(f"{type(exc).__name__}: {exc}"))
             return
         end = self.clock()
         served = [(p, out) for p, out in zip(live, answers) if not isinstance(out, WorkerFailed)]
         failed = {p.query.id: out for p, out in zip(live, answers) if isinstance(out, WorkerFailed)}
-        outputs = {p.query.id: (out, start, end, slot.worker.url, batch.worker_id) for p, out in served}
+        outputs = {p.query.id: (out, start, end, worker.url, batch.worker_id) for p, out in served}
         model.stats.batch_size.observe(len(live))
         if model.options.latency_calibration and not failed:  # a split batch's time is not a batch latency
             self._calibrate(model, variant, batch.device, len(live), end - start)
@@ -461,7 +473,7 @@ class LiveDriver:
 
     async def _load(self, slot_id: int, model: str) -> None:
         """Load ``model`` for a slot; the slots of one Triton (a BLS model's instances) share one load of it."""
-        worker = self.slots[slot_id].worker
+        worker = self.membership.worker(slot_id)
         shared = self._loads.get((worker.url, model))
         if shared is None:
             shared = self._loads[worker.url, model] = asyncio.ensure_future(self._load_once(worker, model))
@@ -482,30 +494,33 @@ class LiveDriver:
         log.info("loaded %s on %s in %.0f ms", model, worker.url, self._load_us[model] / 1000)
 
     def unload(self, worker: WorkerState, model: str) -> None:
-        slot = self.slots[worker.id]
-        others = [w for w in self.engine.workers
-                  if w.id != worker.id and self.slots[w.id].worker is slot.worker and w.holds(model)]
+        member = self.membership.slots[worker.id].member
+        others = [w for w in self.engine.workers if w.id != worker.id and w.id in self.membership.slots
+                  and self.membership.slots[w.id].member == member and w.holds(model)]
         if not others:  # the model leaves Triton only when no slot of that worker still uses it
-            self._spawn(self._unload(slot, model))
+            self._spawn(self._unload(worker.id, model))
 
-    async def _unload(self, slot: _Slot, model: str) -> None:
+    async def _unload(self, slot_id: int, model: str) -> None:
+        worker, label = self.membership.worker(slot_id), self.membership.label(slot_id)
         try:
-            await slot.worker.unload(model)
+            await worker.unload(model)
         except WorkerError as exc:
-            log.warning("unloading %s on %s failed: %s", model, slot.label, exc)
+            log.warning("unloading %s on %s failed: %s", model, label, exc)
 
     def scale(self, model: str, instances: int, workers: Sequence[WorkerState]) -> None:
-        for slot in {id(s.worker): s for s in (self.slots[w.id] for w in workers)}.values():  # once per server
-            self._spawn(self._scale(slot, model, instances))
+        per_server = {self.membership.slots[w.id].member: w.id for w in workers}  # once per server
+        for slot_id in per_server.values():
+            self._spawn(self._scale(slot_id, model, instances))
 
-    async def _scale(self, slot: _Slot, model: str, instances: int) -> None:
+    async def _scale(self, slot_id: int, model: str, instances: int) -> None:
+        worker, label = self.membership.worker(slot_id), self.membership.label(slot_id)
         start = self.clock()
         try:
-            done = await slot.worker.set_instances(model, instances)
+            done = await worker.set_instances(model, instances)
         except WorkerError as exc:
-            log.warning("setting %s to %d instances on %s failed: %s", model, instances, slot.label, exc)
+            log.warning("setting %s to %d instances on %s failed: %s", model, instances, label, exc)
             return
-        log.info("%s runs %d instance(s) on %s (%s in %.0f ms)", model, instances, slot.label, done,
+        log.info("%s runs %d instance(s) on %s (%s in %.0f ms)", model, instances, label, done,
                  (self.clock() - start) / 1000)
 
     def wake_at(self, time_us: int) -> None:

@@ -8,6 +8,9 @@ event loop, answers late while batches still flow. So a worker is down for silen
 ``timeouts_to_down`` checks in a row without an answer *and* without any batch answered in
 between; overload is shed by the policy and the queue limit, never by declaring workers dead. A
 later good check brings a worker back. Listeners (the live driver) hear of every change.
+
+Which workers there are and their health are the membership registry's (:mod:`.membership`), shared with the live
+driver; the pool adds and removes members there and keeps only what its checks count.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
+from scheduler_sidecar.live.membership import Membership
 from scheduler_sidecar.live.workers import Health, TritonWorker, Worker
 
 log = logging.getLogger(__name__)
@@ -27,14 +31,14 @@ class WorkerPool:
     """The workers, their health, and who to tell when it changes."""
 
     def __init__(self, models: Iterable[str], *, interval_s: float = 0.5, timeout_s: float = 1.0,
-                 timeouts_to_down: int = TIMEOUTS_TO_DOWN, connect: Callable[[str], Worker] = TritonWorker) -> None:
+                 timeouts_to_down: int = TIMEOUTS_TO_DOWN, connect: Callable[[str], Worker] = TritonWorker,
+                 membership: Membership | None = None) -> None:
         self.models = tuple(sorted(set(models)))  # Triton models every worker must have ready
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.timeouts_to_down = timeouts_to_down
         self.connect = connect
-        self.workers: list[Worker] = []
-        self.healthy: dict[str, bool] = {}  # url -> what the last check or batch saw
+        self.membership = membership or Membership()
         self._silent: dict[str, int] = {}  # url -> checks in a row that got no answer while no batch was answered
         self._answered: dict[str, int] = {}  # url -> the worker's answered count at the last check
         self._listeners: list[Callable[[Worker, bool], None]] = []
@@ -43,9 +47,18 @@ class WorkerPool:
     def on_change(self, listener: Callable[[Worker, bool], None]) -> None:
         self._listeners.append(listener)
 
-    async def add(self, url: str, *, wait_s: float = 0.0) -> Worker:
+    @property
+    def workers(self) -> list[Worker]:
+        return self.membership.workers
+
+    @property
+    def healthy(self) -> dict[str, bool]:
+        """url -> what the last check or batch saw."""
+        return {m.url: m.healthy for m in self.membership.members.values() if not m.leaving}
+
+    async def add(self, url: str, *, wait_s: float = 0.0, device: str | None = None) -> Worker:
         """Add a worker; it must be ready (server and every model) within ``wait_s``."""
-        if url in self.healthy:
+        if self.membership.find(url) is not None:
             raise ValueError(f"worker {url} is already in the pool")
         worker = self.connect(url)
         loop = asyncio.get_running_loop()
@@ -56,8 +69,10 @@ class WorkerPool:
                 raise ValueError(f"Triton at {url} is not ready (server and models {list(self.models)}): "
                                  f"{health.value}")
             await asyncio.sleep(0.2)
-        self.workers.append(worker)
-        self.healthy[url] = True
+        if self.membership.find(url) is not None:  # added meanwhile, while this one waited for it to be ready
+            await worker.close()
+            raise ValueError(f"worker {url} is already in the pool")
+        self.membership.join(worker, device=device)
         self._silent[url], self._answered[url] = 0, worker.answered
         log.info("worker %s ready", url)
         return worker
@@ -69,17 +84,18 @@ class WorkerPool:
     def remove(self, url: str) -> Worker:
         """Stop checking the worker at ``url`` (it left the deployment) and return it; the caller closes it once
         the batches it runs have ended."""
-        worker = next((w for w in self.workers if w.url == url), None)
-        if worker is None:
+        member = self.membership.find(url)
+        if member is None:
             raise ValueError(f"worker {url} is not in the pool")
-        self.workers.remove(worker)
-        del self.healthy[url], self._silent[url], self._answered[url]
+        worker = self.membership.leave(member.worker).worker
+        del self._silent[url], self._answered[url]
         log.info("worker %s removed", url)
         return worker
 
     def mark_down(self, worker: Worker, reason: str) -> None:
         # a worker removed meanwhile (or an earlier one at the same url) is none of the pool's business
-        if any(w is worker for w in self.workers) and self.healthy[worker.url]:
+        member = self.membership.find(worker.url)
+        if member is not None and member.worker is worker and member.healthy:
             log.warning("worker %s down: %s", worker.url, reason)
             self._set(worker, False)
 
@@ -120,6 +136,6 @@ class WorkerPool:
                 self.mark_down(worker, f"health check: {health.value}")
 
     def _set(self, worker: Worker, healthy: bool) -> None:
-        self.healthy[worker.url] = healthy
+        self.membership.set_health(worker, healthy)
         for listener in self._listeners:
             listener(worker, healthy)

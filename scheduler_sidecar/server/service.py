@@ -22,6 +22,7 @@ from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
 from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
+from scheduler_sidecar.live.membership import Membership
 from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
 from scheduler_sidecar.live.workers import Health, Worker
@@ -57,9 +58,10 @@ class Sidecar:
         # the unplanned models are on every worker, always; a planned worker holds only what its plan places there,
         # so its health is the server's alone
         self.unplanned = self._triton_models(m.name for m in config.unplanned)
-        self.pool = WorkerPool(self.unplanned, interval_s=config.health_interval_s)
+        # which Tritons and slots there are, their health and owners: shared by the health checks and the driver
+        self.membership = Membership()
+        self.pool = WorkerPool(self.unplanned, interval_s=config.health_interval_s, membership=self.membership)
         self.planners: list[Planner] = []  # one per config.planners entry, once built
-        self._owned: list[set[int]] = [set() for _ in config.planners]  # per planner: the slots it owns
         self.models: dict[str, LiveModel] = {}
         self.infos: dict[str, ModelInfo] = {}  # what the front ends see of each model
         self.driver: LiveDriver | None = None
@@ -68,7 +70,6 @@ class Sidecar:
         self.loop_lag = LoopLag()  # what a request waited before its handler ran: counted against its deadline
         self._lag_probe: asyncio.Task | None = None
         self._admin = asyncio.Lock()  # one policy switch at a time: a RAMSIS one may generate MDPs for seconds
-        self._resident: dict[str, frozenset[str]] = {}  # worker url -> Triton models it had ready when added
         self.discovery: Discovery | None = None
         self._discoverer: asyncio.Task | None = None
 
@@ -76,7 +77,7 @@ class Sidecar:
         """Connect to every configured worker (they must be ready), or to those discovery finds (``resolve``: how,
         by default the DNS name of ``[discovery]``), then build the logical models."""
         for url in self.config.workers:
-            await self.pool.add(url, wait_s=self.config.startup_wait_s)
+            await self.pool.add(url, wait_s=self.config.startup_wait_s, device=self.config.device_of(url))
         if not self.config.workers:
             await self._discover_first(resolve)
         for url in self.pool.urls:
@@ -86,7 +87,8 @@ class Sidecar:
                 if kind not in profile.device_kinds:
                     raise ConfigError(f"worker {url} is of device kind {kind!r}, which model {name!r}'s profile has "
                                       f"no latency for (it has {list(profile.device_kinds)})")
-        self._resident = {w.url: await self._loaded(w) for w in self.pool.workers}
+        for member in list(self.membership.members.values()):
+            member.loaded = await self._loaded(member.worker)
         pairs = []
         for spec in self.config.models:
             profile = self.profiles[spec.name]
@@ -95,7 +97,7 @@ class Sidecar:
             model = LiveModel(_options(spec), profile, inputs, outputs, stats)
             pairs.append((model, model_policy(spec, profile)))
             stats.policy(None, spec.policy)
-        self.driver = LiveDriver(pairs, on_worker_lost=self.pool.mark_down)
+        self.driver = LiveDriver(pairs, on_worker_lost=self.pool.mark_down, membership=self.membership)
         self.models = dict(self.driver.models)
         self.infos = {m.name: ModelInfo(m.name, m.inputs, m.outputs, m.options.default_slo_us)
                       for m in self.models.values()}
@@ -152,7 +154,7 @@ class Sidecar:
         while True:
             for url in sorted((await self.discovery.lookup() or frozenset()) - set(self.pool.healthy)):
                 with contextlib.suppress(ValueError):  # not ready (yet)
-                    await self.pool.add(url)
+                    await self.pool.add(url, device=self.config.device_of(url))
             if self.pool.workers:
                 return
             if loop.time() >= give_up:
@@ -183,6 +185,10 @@ class Sidecar:
         Triton models, and a group per planner that has it, holding that planner's models."""
         assert self.driver is not None
         device = self.config.device_of(worker.url)
+        member = self.membership.find(worker.url)
+        assert member is not None and member.worker is worker  # the pool added it
+        if member.loaded is None:
+            member.loaded = await self._loaded(worker)
         added = 0
         if self.unplanned:
             slots = await _slots(worker, tuple(sorted(self.unplanned)))
@@ -192,26 +198,24 @@ class Sidecar:
         for k, spec in enumerate(self.config.planners):
             if not spec.owns(worker.url):
                 continue
-            if worker.url not in self._resident:
-                self._resident[worker.url] = await self._loaded(worker)
             # a planned worker holds the planner's models that the plan put there
-            resident = self._resident[worker.url] & self._triton_models(self.config.planned_models(spec))
+            resident = member.loaded & self._triton_models(self.config.planned_models(spec))
             # Proteus' worker is one device, one batch at a time; Loki's and HybridServe's is a Triton whose BLS
             # model (the pipeline, the cascade) holds a batch through every hop, one per instance at once, each
             # calling the stage models, whose instances the plan scales: its instances are the slots
             bls = spec.entry.bls_slots and resident
             slots = await _slots(worker, tuple(sorted(resident))) if bls else 1
-            ids = self.driver.add_worker(worker, slots, device=device, resident=resident)
-            self._owned[k].update(ids)
+            ids = self.driver.add_worker(worker, slots, device=device, resident=resident, owner=k)
             self._rescope(k)  # a worker added while serving: the planner owns its new slots too
             added += len(ids)
         self.metrics.worker_healthy.labels(worker.url).set(1)
         return added
 
     def _rescope(self, k: int) -> None:
-        """Planner ``k``, once built, plans the slots it owns now."""
+        """Planner ``k``, once built, plans the slots it owns now (through the engine, which keeps planners apart)."""
         if k < len(self.planners):
-            self.planners[k].scope = replace(self.planners[k].scope, workers=frozenset(self._owned[k]))
+            assert self.driver is not None
+            self.driver.engine.set_scope(self.planners[k], self.membership.owned(k))
 
     async def _loaded(self, worker: Worker) -> frozenset[str]:
         """The Triton models of our profiles that ``worker`` has ready."""
@@ -220,24 +224,25 @@ class Sidecar:
 
     async def _tensors(self, profile: Profile) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
         """The tensors of a logical model, from the first worker that has one of its variants loaded."""
-        for worker in self.pool.workers:
+        for member in self.membership.members.values():
             for v in profile.variants:
-                if v.actuation.model in self._resident[worker.url]:
-                    return await _tensors(worker, v.actuation.model)
+                if member.loaded and v.actuation.model in member.loaded:
+                    return await _tensors(member.worker, v.actuation.model)
         raise ConfigError(f"no worker has a variant of profile {profile.name!r} loaded; start Triton with them")
 
     async def _first_plans(self) -> None:
         """Build each planner over its models and the slots it owns, make the first plans and wait until their
         placements are carried out."""
         assert self.driver is not None
-        engine, slots = self.driver.engine, self.driver.slots
+        engine, membership = self.driver.engine, self.membership
         slo_ms = {m.name: m.default_slo_us / 1000 for m in self.config.models}
-        for spec, owned in zip(self.config.planners, self._owned):
+        for k, spec in enumerate(self.config.planners):
+            owned = membership.owned(k)
             models = self.config.planned_models(spec)
             context = PlannerContext({name: self.profiles[name] for name in models},
                                      {name: slo_ms[name] for name in models},
                                      [(w.id, w.device) for w in engine.workers if w.id in owned],
-                                     lambda sid: slots[sid].worker.url)
+                                     lambda sid: membership.worker(sid).url)
             # a planner may search for seconds (HybridServe's Algorithms 1 and 2): off the event loop
             planner = await asyncio.get_running_loop().run_in_executor(None, spec.entry.build, spec.settings, context)
             planner.scope = Scope(frozenset(models), frozenset(owned))
@@ -370,10 +375,8 @@ class Sidecar:
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         ids = self.driver.remove_worker(worker)
-        for k, owned in enumerate(self._owned):
-            owned.difference_update(ids)
+        for k in range(len(self.planners)):
             self._rescope(k)
-        self._resident.pop(url, None)
         await self.driver.drained(ids)
         await worker.close()
         self.metrics.worker_healthy.remove(url)
