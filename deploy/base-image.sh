@@ -11,6 +11,17 @@ mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 if docker image inspect "$name" >/dev/null 2>&1; then
   echo "== $name exists"; exit 0
 fi
+for tool in debootstrap docker; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    if [ "$tool" = debootstrap ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "== installing debootstrap (apt-get)"; apt-get install -y -q debootstrap >/dev/null
+    else
+      echo "make image needs $tool: install it (Debian/Ubuntu: sudo apt-get install ${tool/docker/docker.io}), or build on a" \
+           "base from a registry: make image BASE=python:3.11-slim" >&2
+      exit 1
+    fi
+  fi
+done
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
 echo "== debootstrap bookworm into $root"

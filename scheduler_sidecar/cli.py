@@ -66,15 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the help texts are the modules' docstrings, written for Sphinx: ``x``, :mod:`x` and :class:`~a.b.C` read as x,
-# x and C in a terminal
+# x and C in a terminal, and a block's "::" as ":"
 _ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|obj|exc):`(~?)([^`]+)`")
 
 
 def plain(text: str | None) -> str | None:
+    """Help text as a terminal shows it: no reStructuredText (roles, literal quotes, ``::`` before a block)."""
     if text is None:
         return None
     text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
-    return text.replace("``", "`")
+    text = re.sub(r"(?<=\S)::$", ":", text, flags=re.MULTILINE)
+    return text.replace("`", "")
 
 
 def _plain(parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,6 @@
 """``accscale demo``: the whole system on the default supernet, one bursty trace, three policies
 (``accscale demo proteus``, ``accscale demo loki`` and ``accscale demo hybridserve``: those systems' live demos,
-:mod:`.proteus.demo`, :mod:`.loki.demo`, :mod:`.hybridserve.demo`; ``accscale demo all``: the five at once on one
-deployment, :mod:`.demo_all`).
+``accscale demo all``: the five at once on one deployment).
 
 Builds (or reuses) the full-preset supernet (``--family transformer``: the movie-review encoder, token ids in)
 and its profile, starts Triton and the sidecar on free loopback ports, and sizes a trace from the profile: quiet

@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="scheduling policy; 'optimal' solves the offline ZILP (small traces only)")
     p.add_argument("--profile", type=Path,
                    help="profile JSON (e.g. profiles/superserve_paper.json), or a RAMSIS latency summary CSV "
-                        "(profiles/ramsis/ramsis_cpu_latency.csv; it runs its p95 deterministically, digest A7)")
+                        "(profiles/ramsis/ramsis_cpu_latency.csv; its p95, deterministic, as in RAMSIS' simulator)")
     p.add_argument("--profile-set", help="CSV profile only: which profile_set (e.g. image_cloud_cpu)")
     p.add_argument("--trace", type=Path, required=True, help="trace file: one 'arrival_s[,slo_ms[,payload]]' per line")
     p.add_argument("--workers", type=int, default=1, help="number of workers (default: 1)")

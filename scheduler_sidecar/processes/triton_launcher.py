@@ -334,7 +334,20 @@ class TritonServer:
         _signal_group(proc.pid, signal.SIGKILL)
         self._returncode = proc.returncode
         self._proc = None
-        log.info("tritonserver at %s stopped (status %d)", self.http_url, proc.returncode)
+        log.info("tritonserver at %s stopped%s", self.http_url, self._how_it_stopped(proc.returncode))
+
+    def _how_it_stopped(self, status: int) -> str:
+        """Nothing for a clean exit; why, for the status a stop commonly ends in (Triton exits 1 when models still
+        unloading outlive its exit timeout: python-backend stubs of several repositories take seconds to finalise);
+        the status and the log otherwise."""
+        if status == 0:
+            return ""
+        if status == 1 and "Exit timeout expired" in self.log_tail(20):
+            return (f" (some models were still unloading when its {EXIT_TIMEOUT_S} s exit timeout expired; their "
+                    "processes were ended)")
+        if status < 0:
+            return f" (ended by signal {-status})"
+        return f" (exit status {status}; log {self._log_path})"
 
     def log_tail(self, n_lines: int = 60) -> str:
         """The last `n_lines` lines Triton wrote (stdout and stderr), or "" before it wrote any."""

@@ -1,9 +1,8 @@
-"""``accscale serve``: the scheduler sidecar (:class:`~scheduler_sidecar.processes.sidecar.SidecarServer` runs it
-in a subprocess).
+"""``accscale serve``: the scheduler sidecar.
 
 The sidecar answers KServe v2 on a gRPC and an HTTP port in front of one or more Triton
-servers. Clients change nothing but one request parameter, ``slo_us``; see
-``scheduler_sidecar.server.config`` for the configuration file.
+servers. Clients change nothing but one request parameter, ``slo_us``. The configuration file (``--config``) is
+described below.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ from scheduler_sidecar.experiments.fidelity.common import (
 )
 
 # the sidecar's log lines the simulations take their actuation from
-PLANNED = re.compile(r"plan asked for at ([\d.]+) s, ready at ([\d.]+) s")
+PLANNED = re.compile(r"plan asked for at ([\d.]+) s, ready at ([\d.]+) s \(since the start\)")
+ORIGIN = re.compile(r"plan times below count from the start: monotonic clock ([\d.]+) s")
 
 PLAN_MATCH_S = 0.1  # a simulated plan asked for this close to a live one is the same plan
 
@@ -138,9 +139,11 @@ def _measured(log: str, replay_start_s: float, logs: list[RequestLog], profiles:
     their worker's device kind; and the median gap from a batch's end to the next batch's start on its worker,
     over next batches that were full and whose requests had all been sent before the first batch ended (so that
     only the sidecar held them back: its event loop, between the answer and the next dispatch)."""
+    origin = ORIGIN.search(log)
     plans = [(float(asked), float(ready)) for asked, ready in PLANNED.findall(log)]
-    if not plans:
+    if not plans or origin is None:
         raise RuntimeError("the sidecar logged no plan")
+    plans = [(float(origin.group(1)) + asked, float(origin.group(1)) + ready) for asked, ready in plans]
     loads = [{"model": m, "worker": w, "ms": int(ms)} for m, w, ms in LOADED.findall(log)]
     load_ms = None
     if loads:

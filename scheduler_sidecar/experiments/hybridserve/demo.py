@@ -7,7 +7,7 @@ above a BLS hop's. By default the largest model takes two seconds over a batch o
 Then, for the largest model alone, and AP and EO each on the whole family and as Algorithm 2 prunes them (the
 models it keeps, with skip connections where they pay), in turn:
 
-1. plan: HybridServe's planner (:class:`~scheduler_sidecar.systems.hybridserve.live.HybridServePlanner`) makes the
+1. plan: HybridServe's planner (the one ``[planner] kind = "hybridserve"`` runs in the sidecar) makes the
    deployment's plan: the cascade the BLS runs, and the replicas R ∝ ρl within ``--instances`` (the largest alone
    gets them all), rounded as ``--replicas`` says, as Triton instance counts (a reload with a config override);
 2. saturation: ``--clients`` closed-loop clients send batches of 32 test images straight to Triton (the BLS, or
@@ -16,8 +16,8 @@ models it keeps, with skip connections where they pay), in turn:
    count, sleep left out), and energy per request: the GPUs' NVML counters where the host has them, whatever the
    emulation, else the CPU power model over the compute worker-seconds, named as such. Three predictions of the throughput against the largest alone: Algorithm 1's
    e_n / Σρe (every model at full batches), the batched one, where model i runs ⌈ρ_i 32⌉ rows of each batch of 32
-   (§V-C; :meth:`OperatingPoint.batched_cost`), both with replicas in exact proportion to the work, and the
-   deployed instances' (:meth:`OperatingPoint.capacity_rps`, the busiest model's capacity);
+   (§V-C), both with replicas in exact proportion to the work, and the deployed instances' (the busiest model's
+   capacity);
 3. replay: the sidecar in front, with the same planner (``[planner] kind = "hybridserve"``: it searches and prunes
    again, deterministically, and sends its cascade with every batch; the cascade is a logical model with an SLO,
    policy ``cascade``), a bursty trace of single images (gamma, CV² 4) at ``--rate-qps`` for ``--duration-s`` with

@@ -8,13 +8,13 @@ Written to --out:
 - ``modes.csv``, ``front.png``: Algorithm 1 on the search split (the threshold performance graph), and AP, EO and
   the largest model alone: accuracy on the search and test splits, the share of requests reaching and answered by
   each model, cost and energy per request (the offline costs are this machine's CPU worker-seconds: energy is
-  :mod:`.energy`'s CPU power model);
+  a CPU power model's);
 - ``pruning.csv``: Algorithm 2 per mode: the models removed and their energy benefit, cost and accuracy before and
   after, and with skip connections the total share of work (Σρ), on the models kept and on the whole family; and
-  what is deployed (skips where they pay, :meth:`.pruning.Pruned.deployed`);
+  what is deployed (skips where they pay);
 - ``replay.csv``, ``replay.png``: each mode as deployed (AP and EO pruned, the largest model alone) replayed in the
   simulator on bursty traces (escalations are follow-up queries) with the planner's replicas R ∝ ρl (§V-C,
-  :class:`.live.HybridServePlanner`), rounded as the paper does and balanced (:mod:`.placement`), and with the same
+  the sidecar's planner), rounded as the paper does and balanced (the busiest model least busy), and with the same
   instances spread uniformly, at each of ``REPLAY_LOADS`` of the deployment's planned capacity (R ∝ ρl on
   ``--instances``): the whole curve, set by a rule that looks at no outcome;
 - ``fig4.csv``, ``fig4.png``: Fig. 4's average and 99.9th-percentile latency of AP and EO as deployed and the

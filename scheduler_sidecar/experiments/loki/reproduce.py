@@ -25,10 +25,12 @@ budget is ``--budget`` (the paper's by default) in Fig. 5, with Loki under the o
 - ``summary.md``: the paper's claims checked on this run (:func:`claims`; ``--json`` carries them too), then the
   tables.
 
-# Ambiguity: headroom. The paper plans capacity for exactly the demand (beta = 1): the MILP fills every
-# replica to 100% of its batch throughput and MostAccurateFirst loads the most accurate ones fully. Under
-# Poisson arrivals such a worker's queue grows without bound. --headroom (default 1.25) is applied equally to
-# Loki, InferLine and Proteus-per-task; --headroom 1 is the paper's, Loki's row with it is reported as well.
+Where the paper is silent or differs from its artifact, the choices made here:
+
+- headroom. The paper plans capacity for exactly the demand (beta = 1): the MILP fills every
+  replica to 100% of its batch throughput and MostAccurateFirst loads the most accurate ones fully. Under
+  Poisson arrivals such a worker's queue grows without bound. --headroom (default 1.25) is applied equally to
+  Loki, InferLine and Proteus-per-task; --headroom 1 is the paper's, Loki's row with it is reported as well.
 """
 
 from __future__ import annotations

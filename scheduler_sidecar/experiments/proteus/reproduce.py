@@ -19,10 +19,12 @@ CPUs, 10 Pascal and 10 Ampere workers, SLO 300 ms. Written to --out:
 - ``summary.md``: the paper's claims checked on this run (:func:`claims`; ``--json`` carries them too), then the
   tables.
 
-# Ambiguity (§6.1.5 vs the artifact): the re-planning period. Chosen: the paper's 30 s (about 10
-# plans on the 292 s trace, more with bursts); --period-s 10 is the artifact's.
-# Ambiguity (§6.4): Fig. 6's load level is not given. Chosen: 1,000 q/s of the trace's mix, near
-# medium-normal_load's 10 s peak, where batching decides whether the plan's capacity is reached.
+Where the paper is silent or differs from its artifact, the choices made here:
+
+- §6.1.5 vs the artifact: the re-planning period. Chosen: the paper's 30 s (about 10
+  plans on the 292 s trace, more with bursts); --period-s 10 is the artifact's.
+- §6.4: Fig. 6's load level is not given. Chosen: 1,000 q/s of the trace's mix, near
+  medium-normal_load's 10 s peak, where batching decides whether the plan's capacity is reached.
 """
 
 from __future__ import annotations

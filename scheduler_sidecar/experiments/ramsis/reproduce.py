@@ -10,17 +10,19 @@ accuracy and the accuracy gain at equal workers, side by side with the paper; ``
 claims), and the policy sets under ``policies/K<k>/``
 (reused by a later run with the same settings).
 
-# Ambiguity (digest A16): the trace's length (paper: 5 min, 554,395 queries; artifact: 270 s).
-# Chosen: the artifact's 27 rates, each held for --bin-s seconds; the default 2 s per point
-# (54 s, about 150 k queries) keeps the run near 5 minutes on 2 cores; --bin-s 10 is the
-# artifact's full length. The rates, not the time scale, decide the policies.
-# Ambiguity (digest A8): the policy grid. Chosen default: every --load-step (400) q/s from
-# 1200 to 4400 without refinement, for time; --load-step 200 --refine is the paper's rule.
-# Ambiguity (digest A13): ModelSwitching's profiling runs. Chosen default: 60 simulated
-# seconds per (load, model) on a 100 q/s grid; --ms-profile-s 300 is the artifact's.
-# Ambiguity (digest A15): "X% fewer resources at the same accuracy". Chosen: for each
-# baseline worker count W_b (violation < 5 %), the fewest workers W_R at which RAMSIS
-# (violation < 5 %) reaches the baseline's accuracy; saving = (W_b - W_R) / W_b.
+Where the paper is silent or differs from its artifact, the choices made here:
+
+- the trace's length (paper: 5 min, 554,395 queries; artifact: 270 s).
+  Chosen: the artifact's 27 rates, each held for --bin-s seconds; the default 2 s per point
+  (54 s, about 150 k queries) keeps the run near 5 minutes on 2 cores; --bin-s 10 is the
+  artifact's full length. The rates, not the time scale, decide the policies.
+- the policy grid. Chosen default: every --load-step (400) q/s from
+  1200 to 4400 without refinement, for time; --load-step 200 --refine is the paper's rule.
+- ModelSwitching's profiling runs. Chosen default: 60 simulated
+  seconds per (load, model) on a 100 q/s grid; --ms-profile-s 300 is the artifact's.
+- "X% fewer resources at the same accuracy". Chosen: for each
+  baseline worker count W_b (violation < 5 %), the fewest workers W_R at which RAMSIS
+  (violation < 5 %) reaches the baseline's accuracy; saving = (W_b - W_R) / W_b.
 """
 
 from __future__ import annotations

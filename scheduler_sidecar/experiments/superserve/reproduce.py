@@ -7,18 +7,20 @@ CSV table, a Markdown table and a plot in the paper's form (SLO attainment again
 serving accuracy, one marker per policy), plus the dynamics of the fault-tolerance run. ``summary.md`` starts with
 the paper's claims checked on the run (:func:`claims`); ``--json`` prints the rows and the claims.
 
-# Ambiguity (digest A10): Fig. 9's base rate is not given. Chosen: 1500 q/s, the base rate
-# of the same bursty trace in Fig. 13a. Trace length: --duration-s (paper: not stated).
-# Ambiguity (digest A8): SLOs of Fig. 10 and Fig. 11a are not stated. Chosen: 36 ms, Fig. 9's.
-# Ambiguity (digest A10): the time-varying ramp's start. Chosen: a quarter into the trace.
-#   So Fig. 10 needs a trace longer than 4/3 of its slowest ramp (2500 -> 7800 q/s at 250 q/s²:
-#   21.2 s, so above 28.27 s): in a shorter one some ramps never reach λ2, and cells that differ
-#   only in λ2 replay the very same trace. ``plan`` refuses such a duration.
-# Ambiguity (Clipper+ versions): the paper names three, 76.69 and 78.25 % (§6.3.1) and 79.44 %
-#   (§6.3.2), but Fig. 9 plots more. Chosen: six versions spread uniformly in accuracy, each named
-#   version replacing the spread one nearest to it; a profile that names none (no
-#   ``named_variants`` entry for them in its metadata, see paper_profile.py) runs the plain spread.
-#   On profiles/superserve_paper.json: 73.82, 75.10, 76.69, 78.25, 79.44 and 80.16 %.
+Where the paper is silent or differs from its artifact, the choices made here:
+
+- Fig. 9's base rate is not given. Chosen: 1500 q/s, the base rate
+  of the same bursty trace in Fig. 13a. Trace length: --duration-s (paper: not stated).
+- SLOs of Fig. 10 and Fig. 11a are not stated. Chosen: 36 ms, Fig. 9's.
+- the time-varying ramp's start. Chosen: a quarter into the trace.
+  So Fig. 10 needs a trace longer than 4/3 of its slowest ramp (2500 -> 7800 q/s at 250 q/s²:
+  21.2 s, so above 28.27 s): in a shorter one some ramps never reach λ2, and cells that differ
+  only in λ2 replay the very same trace. ``plan`` refuses such a duration.
+- Clipper+ versions: the paper names three, 76.69 and 78.25 % (§6.3.1) and 79.44 %
+  (§6.3.2), but Fig. 9 plots more. Chosen: six versions spread uniformly in accuracy, each named
+  version replacing the spread one nearest to it; a profile that names none (no
+  ``named_variants`` entry for them in its metadata, see paper_profile.py) runs the plain spread.
+  On profiles/superserve_paper.json: 73.82, 75.10, 76.69, 78.25, 79.44 and 80.16 %.
 """
 
 from __future__ import annotations

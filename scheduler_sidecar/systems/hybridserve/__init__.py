@@ -34,7 +34,8 @@ def _check(options: Mapping[str, Any]) -> LiveSettings:
                          "(export/cascade_models.py builds it)")
     family = Path(str(options["family"]))
     if not family.is_file():
-        raise ValueError(f"hybridserve's family {str(family)!r} is not a file")
+        raise ValueError(f"hybridserve's family {str(family)!r} is not a file: `accscale demo hybridserve` (or `accscale "
+                         "reproduce hybridserve`) builds it into build/hybridserve")
     mode, prune = options.get("mode", "ap"), options.get("prune", True)
     if mode not in MODES:
         raise ValueError(f"hybridserve's mode must be one of {list(MODES)}, got {mode!r}")

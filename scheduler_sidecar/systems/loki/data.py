@@ -111,5 +111,7 @@ def load_pipeline(name_or_path: str) -> Pipeline:
         return traffic_analysis(serial=name_or_path.endswith("serial"))
     path = Path(name_or_path)
     if not path.is_file():
-        raise ProfileError(f"--pipeline: {name_or_path!r} is neither traffic-analysis nor a pipeline's loki.json")
+        raise ProfileError(f"pipeline {name_or_path!r}: no such file. A pipeline is traffic-analysis (the authors' "
+                           "profile) or a trained pipeline's loki.json: `accscale demo loki` trains one into "
+                           "build/loki-demo")
     return trained(path)
