@@ -148,3 +148,38 @@ def make_mover(profile: Profile | None = None):
             return super().decide(now_us, queue, workers)
 
     return MoveToM2(profile or make_profile())
+
+
+def synthetic(accuracies: list[float], n: int = 3000, seed: int = 0):
+    """A cascade family's predictions where confidence tracks correctness loosely: right answers are more confident
+    on average."""
+    from scheduler_sidecar.systems.hybridserve.cascade import Predictions  # the cascade tests' only
+
+    rng = np.random.default_rng(seed)
+    truth = rng.integers(0, 10, n)
+    labels, conf = [], []
+    for a in accuracies:
+        right = rng.random(n) < a
+        labels.append(np.where(right, truth, (truth + rng.integers(1, 10, n)) % 10))
+        conf.append(np.clip(np.where(right, rng.beta(5, 2, n), rng.beta(2, 4, n)), 0, 1))
+    return Predictions(np.array(labels), np.array(conf), truth)
+
+
+def synthetic_cascade():
+    """A three-model cascade family (s, m, l: 1, 3 and 9 ms at batch 1, +35% per added row; 80, 90 and 95% accurate),
+    its cascade (thresholds 0.7 and 0.75) and predictions: what a simulation of a cascade needs, fixed, so that no
+    build's trained weights or measured latencies move a result."""
+    from pathlib import Path  # the cascade tests' only
+
+    from scheduler_sidecar.systems.hybridserve.cascade import Cascade  # the cascade tests' only
+    from scheduler_sidecar.systems.hybridserve.family import Family, FamilyModel  # the cascade tests' only
+
+    sizes = (1, 2, 4, 8, 16)
+
+    def model(name: str, ms: float, accuracy: float) -> FamilyModel:
+        p50 = tuple(ms * (1 + 0.35 * (b - 1)) for b in sizes)
+        return FamilyModel(name, 1.0, ms / 1000, LatencyCurve(sizes, p50, tuple(x * 1.2 for x in p50)),
+                           {"test": {"all": accuracy}})
+
+    family = Family((model("s", 1.0, 0.8), model("m", 3.0, 0.9), model("l", 9.0, 0.95)), Path("."), 16)
+    return family, Cascade(("s", "m", "l"), (0.7, 0.75)), synthetic([0.8, 0.9, 0.95])

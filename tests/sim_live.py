@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from scheduler_sidecar.core.engine import SIMULATED
 from scheduler_sidecar.core.plan import Planner
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.records import QueryRecord
@@ -59,9 +60,8 @@ def run_live(policy: Policy | Mapping[str, Policy], config: SimConfig | World,
     n = len(arrivals)
     types = list(query_types) if query_types is not None else [next(iter(policies))] * n
     metrics = Metrics()
-    # a queue limit above the trace's length refuses nothing; attempts without limit, as the simulator's default
-    options = {name: ModelOptions(name, queue_limit=n + 1, max_attempts=1 << 30, latency_calibration=False)
-               for name in policies}
+    # the simulator's limits: no queue limit, no admission, attempts without limit
+    options = {name: ModelOptions(name, limits=SIMULATED, latency_calibration=False) for name in policies}
     models = {name: LiveModel(options[name], p.profile, (INPUT,), (), ModelMetrics(metrics, name))
               for name, p in policies.items()}
     latency = BatchLatency(world, [p.profile for p in policies.values()])

@@ -17,18 +17,7 @@ from scheduler_sidecar.systems.hybridserve.cascade import (
 )
 from scheduler_sidecar.systems.hybridserve.pruning import prune
 from scheduler_sidecar.systems.hybridserve.search import SearchConfig, grid, search
-
-
-def synthetic(accuracies: list[float], n: int = 3000, seed: int = 0) -> Predictions:
-    """Models whose confidence tracks correctness loosely: right answers are more confident on average."""
-    rng = np.random.default_rng(seed)
-    truth = rng.integers(0, 10, n)
-    labels, conf = [], []
-    for a in accuracies:
-        right = rng.random(n) < a
-        labels.append(np.where(right, truth, (truth + rng.integers(1, 10, n)) % 10))
-        conf.append(np.clip(np.where(right, rng.beta(5, 2, n), rng.beta(2, 4, n)), 0, 1))
-    return Predictions(np.array(labels), np.array(conf), truth)
+from tests.builders import synthetic
 
 
 def test_temperature_scaling_keeps_every_prediction_and_lowers_nll():

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scheduler_sidecar.core.engine import TypeLimits
 from scheduler_sidecar.core.plan import Plan, Planner
 from scheduler_sidecar.core.records import Decision
 from scheduler_sidecar.errors import (
@@ -53,9 +54,10 @@ def compute(call: InferCall) -> list[dict[str, bytes]]:
     return [{"LOGITS": r.tobytes()} for r in out]
 
 
-def make_model(name: str = "m", **options) -> LiveModel:
-    return LiveModel(ModelOptions(name, **options), make_profile(), (INPUT,), (OUTPUT,),
-                     ModelMetrics(Metrics(), name))
+def make_model(name: str = "m", queue_limit: int | None = 1024, admission: bool = False, **options) -> LiveModel:
+    """A logical model of make_profile(); no admission unless asked (these tests drive the queue themselves)."""
+    return LiveModel(ModelOptions(name, limits=TypeLimits(queue_limit, admission=admission), **options), make_profile(),
+                     (INPUT,), (OUTPUT,), ModelMetrics(Metrics(), name))
 
 
 def make_driver(*workers: FakeWorker, policies=None, clock=None, **options):

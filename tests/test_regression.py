@@ -162,26 +162,13 @@ def test_systems_match_pinned_results(case):
 def hybridserve_metrics() -> dict:
     """A three-model cascade on two replicas each (a synthetic family: the pin must not depend on a build's weights),
     4 s of gamma arrivals at 900/s with a 40 ms SLO: escalations are follow-up queries on the next model's queue."""
-    from pathlib import Path
-
-    from scheduler_sidecar.core.profile import LatencyCurve
     from scheduler_sidecar.experiments.hybridserve.simulation import simulate
-    from scheduler_sidecar.systems.hybridserve.cascade import Cascade
-    from scheduler_sidecar.systems.hybridserve.family import Family, FamilyModel
-    from tests.test_hybridserve_cascade import synthetic
+    from tests.builders import synthetic_cascade
 
-    sizes = (1, 2, 4, 8, 16)
-
-    def model(name: str, ms: float, accuracy: float) -> FamilyModel:
-        p50 = tuple(ms * (1 + 0.35 * (b - 1)) for b in sizes)
-        return FamilyModel(name, 1.0, ms / 1000, LatencyCurve(sizes, p50, tuple(x * 1.2 for x in p50)),
-                           {"test": {"all": accuracy}})
-
-    family = Family((model("s", 1.0, 0.8), model("m", 3.0, 0.9), model("l", 9.0, 0.95)), Path("."), 16)
+    family, cascade, predictions = synthetic_cascade()
     arrival_us = (np.asarray(traces.gamma(rate_qps=900, cv2=4, duration_s=4.0, seed=3).arrival_s) * 1e6).astype(
         np.int64)
-    run = simulate(family, Cascade(("s", "m", "l"), (0.7, 0.75)), (2, 2, 2), synthetic([0.8, 0.9, 0.95]),
-                   arrival_us, 40.0, seed=1)
+    run = simulate(family, cascade, (2, 2, 2), predictions, arrival_us, 40.0, seed=1)
     per_model = {f"{what}.{m}": value for what in ("answered", "mean_batch", "mean_wait_ms")
                  for m, value in zip("sml", getattr(run, what))}
     return {"requests": run.requests, "violation_ratio": run.violation_ratio, "accuracy": run.accuracy, **per_model}

@@ -93,16 +93,30 @@ EndHandler = Callable[[QueryRecord, object, AccscaleError | None], None]
 FaultHandler = Callable[[str, str, Exception], None]
 
 
+@dataclass(frozen=True)
+class TypeLimits:
+    """What a query type refuses on arrival and how often it retries a query: the one home of these defaults, which
+    a sidecar's config (``ModelSpec``), the live driver and the simulator (:data:`SIMULATED`) all read here."""
+
+    queue_limit: int | None = 1024  # queued queries beyond this are refused; None: no limit
+    max_attempts: int = 3  # dispatches per query when workers are lost
+    # refuse an arrival that the queries queued ahead of it already make infeasible (see Engine._infeasible)
+    admission: bool = True
+
+
+# The simulator's: the papers' policies as published, with no queue limit and no admission, and a lost worker's
+# queries retried until served (Ambiguity: the simulator retried without limit before the engine counted attempts;
+# kept, where the live sidecar tries 3 times).
+SIMULATED = TypeLimits(queue_limit=None, max_attempts=1 << 30, admission=False)
+
+
 @dataclass
 class QueryType:
     """One query type (a logical model) of the pool: its policy, its queue and its limits."""
 
     name: str
     policy: Policy
-    queue_limit: int | None = None  # queued queries beyond this are refused; None: no limit
-    max_attempts: int = 3  # dispatches per query when workers are lost
-    # refuse an arrival that the queries queued ahead of it already make infeasible (see Engine._infeasible)
-    admission: bool = False
+    limits: TypeLimits = TypeLimits()
 
     def __post_init__(self) -> None:
         self.queue = EdfQueue()
@@ -659,8 +673,9 @@ class Engine:
     def _refusal(self, qt: QueryType, query: Query) -> RequestError | None:
         if not self._view(qt)[1]:
             return Unavailable("no healthy worker")
-        if qt.queue_limit is not None and len(qt.queue) >= qt.queue_limit:
-            return Unavailable(f"queue full ({qt.queue_limit} requests queued)")
+        limit = qt.limits.queue_limit
+        if limit is not None and len(qt.queue) >= limit:
+            return Unavailable(f"queue full ({limit} requests queued)")
         if query.stage == 0:  # a client's SLO below the quickest option on any worker cannot be met
             cached = self._quickest.get(qt.name)  # quickest_us(), inline: it is asked on every arrival
             quickest = cached[1] if cached is not None and cached[0] == qt.policy.latency.version else \
@@ -668,7 +683,7 @@ class Engine:
             if query.deadline_us - query.arrival_us < quickest:
                 return SloInfeasible(f"slo_us {query.deadline_us - query.arrival_us} is below the fastest variant's "
                                      f"batch-1 latency ({quickest} us): no variant can meet it")
-            if qt.admission and qt.queue:
+            if qt.limits.admission and qt.queue:
                 return self._infeasible(qt, query)
         return None
 
@@ -762,7 +777,7 @@ class Engine:
             qt = self.types[q.type]
             # a query past its deadline is retried too: its policy drops it or serves it late, as it
             # does any late query (late_queries)
-            if self._attempts.get(q.id, 0) < qt.max_attempts and self._num_healthy(qt):
+            if self._attempts.get(q.id, 0) < qt.limits.max_attempts and self._num_healthy(qt):
                 qt.queue.push(q)  # retried on another worker
                 if qt.routes is not None:
                     try:
@@ -848,4 +863,4 @@ class Engine:
         return self._running
 
 
-__all__ = ["EndHandler", "Engine", "Executor", "FaultHandler", "QueryType"]
+__all__ = ["SIMULATED", "EndHandler", "Engine", "Executor", "FaultHandler", "TypeLimits", "QueryType"]

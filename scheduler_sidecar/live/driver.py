@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from scheduler_sidecar.core.engine import Engine, QueryType
+from scheduler_sidecar.core.engine import Engine, QueryType, TypeLimits
 from scheduler_sidecar.core.plan import Demand, Planner
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile, Variant
@@ -89,10 +89,8 @@ class ModelOptions:
 
     name: str
     default_slo_us: int = 50_000
-    queue_limit: int = 1024
-    max_attempts: int = 3
+    limits: TypeLimits = TypeLimits()  # queue limit, attempts and admission
     latency_calibration: bool = True
-    admission: bool = False  # refuse what the queue ahead makes infeasible (the engine's QueryType.admission)
 
 
 class Answer(NamedTuple):
@@ -197,8 +195,7 @@ class LiveDriver:
                  membership: Membership | None = None) -> None:
         pairs = list(models)
         self.models = {m.name: m for m, _ in pairs}
-        types = [QueryType(m.name, p, queue_limit=m.options.queue_limit, max_attempts=m.options.max_attempts,
-                           admission=m.options.admission) for m, p in pairs]
+        types = [QueryType(m.name, p, m.options.limits) for m, p in pairs]
         self.clock = clock
         self.started_us = clock()
         # what the plan times in this log count from (bench fidelity aligns a simulation on it)

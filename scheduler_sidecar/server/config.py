@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler_sidecar import systems
+from scheduler_sidecar.core.engine import TypeLimits
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.server.protocol import Limits
 from scheduler_sidecar.systems import PlannerEntry
@@ -91,14 +92,14 @@ class ModelSpec:
     policy: str = "slackfit"
     policy_options: dict[str, Any] = field(default_factory=dict)
     default_slo_us: int = 50_000
-    queue_limit: int = 1024
-    max_attempts: int = 3
+    queue_limit: int = TypeLimits.queue_limit  # the defaults are the engine's TypeLimits
+    max_attempts: int = TypeLimits.max_attempts
     overhead_us: int = 300
     # re-plan with the profile's latencies scaled by how much slower (or faster) batches really run;
     # off for policies that are expensive to build (ramsis generates MDPs) or must follow the profile exactly
     latency_calibration: bool = True
     # shed at the door what the queue ahead already makes late (core.engine's admission); off: queue it anyway
-    admission: bool = True
+    admission: bool = TypeLimits.admission
 
     def __post_init__(self) -> None:
         try:

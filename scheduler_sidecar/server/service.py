@@ -17,6 +17,7 @@ from importlib import metadata as importlib_metadata
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
+from scheduler_sidecar.core.engine import TypeLimits
 from scheduler_sidecar.core.plan import Planner, Scope
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
@@ -388,8 +389,8 @@ class Sidecar:
 
 
 def _options(spec: ModelSpec) -> ModelOptions:
-    return ModelOptions(spec.name, spec.default_slo_us, spec.queue_limit, spec.max_attempts, spec.latency_calibration,
-                        spec.admission)
+    return ModelOptions(spec.name, spec.default_slo_us, TypeLimits(spec.queue_limit, spec.max_attempts, spec.admission),
+                        spec.latency_calibration)
 
 
 def model_policy(spec: ModelSpec, profile: Profile) -> Policy:

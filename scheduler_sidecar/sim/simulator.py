@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from scheduler_sidecar.core.engine import Engine, QueryType
+from scheduler_sidecar.core.engine import SIMULATED, Engine, QueryType, TypeLimits
 from scheduler_sidecar.core.plan import Demand, Planner
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.records import Batch, BatchResult, Outcome, Query, QueryRecord, WorkerState
@@ -63,19 +63,18 @@ class Simulator:
 
     def __init__(self, policy: Policy | Mapping[str, Policy], config: SimConfig | World, *,
                  planners: Sequence[Planner] = (), result_model: ResultModel | None = None,
-                 max_attempts: int = 1 << 30, plan_delay_us: Callable[[int], int] | None = None,
-                 admission: bool = False) -> None:
+                 max_attempts: int = SIMULATED.max_attempts, plan_delay_us: Callable[[int], int] | None = None,
+                 admission: bool = SIMULATED.admission) -> None:
         policies = {"": policy} if isinstance(policy, Policy) else dict(policy)
         if not policies:
             raise ValueError("a simulation needs at least one policy")
         first = next(iter(policies.values()))
         world = config.world(first.device) if isinstance(config, SimConfig) else config
         self.world = world.with_load_times([p.profile for p in policies.values()])
-        # Ambiguity: the simulator retried a lost worker's queries without limit before the engine
-        # counted attempts; the default keeps that (the live sidecar's default is 3).
-        # admission: refuse what the queue ahead makes infeasible, as the live sidecar does by default; off by
-        # default here, where the papers' policies are reproduced without it
-        self.types = [QueryType(name, p, max_attempts=max_attempts, admission=admission) for name, p in policies.items()]
+        # the simulator's limits (core.engine.SIMULATED), but for what the caller sets: admission, to simulate a
+        # sidecar that refuses what the queue ahead makes infeasible, and max_attempts
+        limits = TypeLimits(SIMULATED.queue_limit, max_attempts, admission)
+        self.types = [QueryType(name, p, limits) for name, p in policies.items()]
         self.planners = tuple(planners)  # each over its scope (core.plan)
         self.result_model = result_model
         self.plan_delay_us = plan_delay_us
