@@ -11,9 +11,12 @@
     │   ├── DeadlineExceeded      DEADLINE_EXCEEDED / 504: no option can meet the deadline any more
     │   ├── PermissionDenied      PERMISSION_DENIED / 403: the admin endpoints
     │   └── InternalError         INTERNAL / 500: a bug; the request still gets this answer
-    ├── WorkerError               a worker could not run a batch
-    │   ├── WorkerLost            the worker is gone; its queries are retried elsewhere
+    ├── WorkerError               a worker could not run a batch (``worker``: its URL; ``queries``: the batch's ids)
+    │   ├── WorkerLost            the worker is gone mid-call; its queries are retried elsewhere
+    │   │   └── WorkerUnreachable no connection to it at all (refused, reset before an answer, no route)
     │   └── WorkerFailed          the worker answered with an error; it is relayed with the worker's code
+    │       ├── WorkerTimeout     no answer within the call's deadline (DEADLINE_EXCEEDED)
+    │       └── WorkerRefused     it answered that it will not run the batch now (RESOURCE_EXHAUSTED)
     ├── ConfigError               a configuration, flag or option the user must fix (also a ValueError)
     ├── ProfileError              a profile file that breaks the schema (also a ValueError)
     ├── TraceError                a trace file that breaks the format (``loadtest.traces``; also a ValueError)
@@ -97,19 +100,48 @@ class InternalError(RequestError):
 
 
 class WorkerError(AccscaleError):
-    """A worker could not run a batch."""
+    """A worker could not run a batch: ``worker`` is its URL, ``queries`` the ids of the batch's queries (as httpx's
+    errors carry their request), where the raiser knows them."""
+
+    def __init__(self, message: str, *, worker: str = "", queries: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.worker, self.queries = worker, queries
+
+    def about(self, queries: tuple[int, ...]) -> WorkerError:
+        """This error, saying which queries' batch it ended."""
+        self.queries = queries
+        return self
 
 
 class WorkerLost(WorkerError):
     """The worker is gone (connection lost, cancelled); the batch may be retried on another one."""
 
 
+class WorkerUnreachable(WorkerLost):
+    """No connection to the worker (refused, no route, or its channel down): it never saw the batch."""
+
+
 class WorkerFailed(WorkerError, RequestError):
     """The worker answered with an error; each query of the batch is answered with it."""
 
-    def __init__(self, message: str, code: Code = Code.INTERNAL) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, code: Code = Code.INTERNAL, *, worker: str = "",
+                 queries: tuple[int, ...] = ()) -> None:
+        super().__init__(message, worker=worker, queries=queries)
         self.code = code  # type: ignore[misc]  # the worker's own status, relayed
+
+
+class WorkerTimeout(WorkerFailed):
+    """The worker gave no answer within the call's deadline."""
+
+    def __init__(self, message: str, *, worker: str = "", queries: tuple[int, ...] = ()) -> None:
+        super().__init__(message, Code.DEADLINE_EXCEEDED, worker=worker, queries=queries)
+
+
+class WorkerRefused(WorkerFailed):
+    """The worker answered that it will not run the batch now (its own queue is full)."""
+
+    def __init__(self, message: str, *, worker: str = "", queries: tuple[int, ...] = ()) -> None:
+        super().__init__(message, Code.RESOURCE_EXHAUSTED, worker=worker, queries=queries)
 
 
 class ConfigError(AccscaleError, ValueError):

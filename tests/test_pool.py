@@ -93,3 +93,29 @@ def test_a_worker_that_is_not_ready_cannot_join():
         assert pool.workers == []
 
     run(main)
+
+
+def test_a_worker_nothing_listens_for_is_unreachable_typed_with_its_url_and_queries():
+    """A batch sent to a port nothing listens on: WorkerUnreachable (a WorkerLost, so it is retried elsewhere), told
+    by the status and the channel's state rather than the message, carrying the worker's URL."""
+    import socket  # this test's only
+
+    from scheduler_sidecar.errors import WorkerLost, WorkerUnreachable  # this test's only
+    from scheduler_sidecar.live.workers import TritonWorker  # this test's only
+
+    async def main():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"127.0.0.1:{s.getsockname()[1]}"
+        worker = TritonWorker(url)
+        spec = TensorSpec("INPUT", "FP32", (2,))
+        try:
+            await worker.infer(InferCall("m", "", ((spec, (b"\0" * 8,)),), (spec,), ()), 5.0)
+        except WorkerUnreachable as exc:
+            assert isinstance(exc, WorkerLost) and exc.worker == url and exc.about((3, 4)).queries == (3, 4)
+        else:
+            raise AssertionError("no error from a worker nothing listens for")
+        finally:
+            await worker.close()
+
+    asyncio.run(main())

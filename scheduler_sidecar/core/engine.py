@@ -317,7 +317,8 @@ class Engine:
         self._workers_changed()
         batch = self._running.pop(worker_id, None)
         if batch is not None:
-            self._requeue(batch.queries, WorkerLost(f"worker {worker_id} was lost while running its batch"))
+            self._requeue(batch.queries, WorkerLost(f"worker {worker_id} was lost while running its batch",
+                                                    worker=str(worker_id), queries=batch.query_ids))
         self._drop_left()
         if not healthy:
             self._fail_unserved(Unavailable("no healthy worker"))

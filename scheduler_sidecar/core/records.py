@@ -147,6 +147,10 @@ class Batch:
     def variant_id(self) -> str:
         return self.dispatch.variant_id
 
+    @property
+    def query_ids(self) -> tuple[int, ...]:
+        return self.dispatch.query_ids
+
 
 @dataclass(frozen=True, slots=True)
 class BatchResult:

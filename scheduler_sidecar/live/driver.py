@@ -386,14 +386,15 @@ class LiveDriver:
             answers = await self._infer(worker, model, variant, live, last_deadline_us, batch.dispatch.params)
         except WorkerLost as exc:
             self.on_worker_lost(worker, str(exc))
-            self._guard(self.engine.batch_failed, batch, exc)
+            self._guard(self.engine.batch_failed, batch, exc.about(batch.query_ids))
             return
         except WorkerError as exc:
-            self._guard(self.engine.batch_failed, batch, exc)
+            self._guard(self.engine.batch_failed, batch, exc.about(batch.query_ids))
             return
         except Exception as exc:  # a bug; the batch's requests still get an answer
             log.exception("batch on %s failed", label)
-            self._guard(self.engine.batch_failed, batch, WorkerFailed(f"{type(exc).__name__}: {exc}"))
+            self._guard(self.engine.batch_failed, batch, WorkerFailed(
+                f"{type(exc).__name__}: {exc}", worker=worker.url, queries=batch.query_ids))
             return
         end = self.clock()
         served = [(p, out) for p, out in zip(live, answers) if not isinstance(out, WorkerFailed)]

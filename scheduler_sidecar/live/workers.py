@@ -19,7 +19,15 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from scheduler_sidecar.errors import Code, WorkerError, WorkerFailed, WorkerLost
+from scheduler_sidecar.errors import (
+    Code,
+    WorkerError,
+    WorkerFailed,
+    WorkerLost,
+    WorkerRefused,
+    WorkerTimeout,
+    WorkerUnreachable,
+)
 from scheduler_sidecar.live.tensors import DTYPES, TensorSpec
 
 CHANNEL_OPTIONS = [
@@ -115,11 +123,19 @@ def set_parameter(parameter: pb.InferParameter, value: object) -> None:
         parameter.string_param = value if isinstance(value, str) else json.dumps(value)
 
 
-def _worker_error(url: str, exc: grpc.aio.AioRpcError, lost: tuple[grpc.StatusCode, ...] = LOST) -> WorkerError:
-    message = f"worker {url}: {exc.details()}"
-    if exc.code() in lost:
-        return WorkerLost(f"{message} ({exc.code().name})")
-    return WorkerFailed(message, code_from_grpc(exc.code()))
+def _worker_error(url: str, exc: grpc.aio.AioRpcError, lost: tuple[grpc.StatusCode, ...] = LOST,
+                  channel: grpc.ChannelConnectivity | None = None) -> WorkerError:
+    """The typed error of a failed call, told by its status and, for a lost worker, the channel's state (a channel
+    that is not READY never had the call: the worker is unreachable), never by the message's words."""
+    message, code = f"worker {url}: {exc.details()}", exc.code()
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return WorkerTimeout(message, worker=url)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return WorkerRefused(message, worker=url)
+    if code in lost:
+        kind = WorkerUnreachable if channel not in (None, grpc.ChannelConnectivity.READY) else WorkerLost
+        return kind(f"{message} ({code.name})", worker=url)
+    return WorkerFailed(message, code_from_grpc(code), worker=url)
 
 
 class TritonWorker:
@@ -143,7 +159,7 @@ class TritonWorker:
         try:
             response = await self.stub.ModelInfer(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise _worker_error(self.url, exc, BATCH_LOST) from exc
+            raise _worker_error(self.url, exc, BATCH_LOST, self._channel.get_state()) from exc
         self.answered += 1
         return split_rows(self.url, call, response)
 

@@ -29,6 +29,15 @@ from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
 log = logging.getLogger(__name__)
 
 
+# every error the sidecar answers carries this trailing metadata key (its value: the error's class), so that a client
+# tells the sidecar's answers from failures of the connection by a field rather than by the message's words
+ERROR_METADATA = "accscale-error"
+
+
+async def _abort(context, exc: RequestError) -> None:
+    await context.abort(grpc_status(exc.code), exc.message, trailing_metadata=((ERROR_METADATA, type(exc).__name__),))
+
+
 class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, sidecar: Sidecar) -> None:
         self.sidecar = sidecar
@@ -50,19 +59,19 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             return self.sidecar.model_metadata(request.name, request.version)
         except RequestError as exc:
-            await context.abort(grpc_status(exc.code), exc.message)
+            await _abort(context, exc)
 
     async def ModelConfig(self, request, context):
         try:
             return pb.ModelConfigResponse(config=self.sidecar.model_config(request.name, request.version))
         except RequestError as exc:
-            await context.abort(grpc_status(exc.code), exc.message)
+            await _abort(context, exc)
 
     async def ModelInfer(self, request, context):
         try:
             return await self._infer(request, context.time_remaining())
         except RequestError as exc:
-            await context.abort(grpc_status(exc.code), exc.message)
+            await _abort(context, exc)
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Triton's bidirectional stream: each request is served as it arrives and answered when it ends, so
