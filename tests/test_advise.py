@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from loadtest.traces import bursty, gamma
 from scheduler_sidecar.cli import main
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
@@ -92,8 +94,17 @@ def test_advise_takes_a_trace_generators_settings(tmp_path, capsys):
 
 
 def test_the_plot_takes_seeds_that_agree_to_the_last_bit(tmp_path):
-    from scheduler_sidecar.experiments.advise import Ranked, _plot
+    """Three seeds that agree to the last bit: their float mean falls a rounding error below them, so the bar's
+    naive upper error is negative, which matplotlib refuses; the plot's bars are clipped to none. Seeds that differ
+    keep their spread."""
+    from scheduler_sidecar.experiments.advise import Ranked, _plot, spread
 
-    same = (0.9997, 0.9997, 0.9997)  # their float mean is a rounding error below 0.9997
-    _plot(tmp_path / "a.png", [Ranked("ramsis", "jellyfish", same, same, {})])
-    assert (tmp_path / "a.png").stat().st_size > 0
+    same = (0.9997, 0.9997, 0.9997)
+    agree = Ranked("ramsis", "jellyfish", same, same, {})
+    assert agree.mean_attainment != 0.9997 and max(same) - agree.mean_attainment != 0  # the rounding error
+    differ = Ranked("slackfit", "superserve", (0.9, 0.95, 1.0), (0.8, 0.8, 0.8), {})
+    below, above = spread([agree, differ])
+    assert below[0] >= 0 and above[0] >= 0 and max(below[0], above[0]) < 1e-12
+    assert below[1] == pytest.approx(0.05) and above[1] == pytest.approx(0.05)
+    _plot(tmp_path / "a.png", [agree, differ])  # raised "yerr must not contain negative values" before the clip
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

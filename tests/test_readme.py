@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 
-from scheduler_sidecar import systems
 from scheduler_sidecar.cli import build_parser, main
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.server import config
 from tests.conftest import REPO_ROOT
 
@@ -48,13 +48,23 @@ def test_the_serve_help_shows_the_sidecar_example():
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_each_example_loads_as_a_sidecar_config(path, monkeypatch):
-    # a planner that reads a built file (Loki's pipeline, HybridServe's family) is checked for its keys here; the
-    # files are the ones the demos build (the next test)
-    real = systems.planner
-    monkeypatch.setattr(systems, "planner", lambda kind: dataclasses.replace(real(kind), check=dict))
-    loaded = config.load(path)
-    assert loaded.models and loaded.workers
+def test_each_example_loads_as_written_or_names_the_command_that_builds_what_it_reads(path, tmp_path, monkeypatch):
+    """Each example, read as a user reads it before building anything (from a folder without build/): it loads, and
+    serves the models, policies and planners its TOML names; or its planner reads a file only a demo builds, and the
+    error names that demo."""
+    raw = config.tomllib.loads(path.read_text())
+    monkeypatch.chdir(tmp_path)
+    try:
+        loaded = config.load(path)
+    except ConfigError as exc:
+        kinds = [p["kind"] for p in raw.get("planners", [raw["planner"]] if "planner" in raw else [])]
+        assert {"loki", "hybridserve"} & set(kinds), exc  # only these read built files when the config is read
+        assert re.search(r"`accscale (demo|reproduce) (loki|hybridserve)`", str(exc)), exc
+        return
+    assert [(m.name, m.policy) for m in loaded.models] == [(m["name"], m["policy"]) for m in raw["models"]]
+    assert list(loaded.workers) == raw.get("workers", [])
+    planners = raw.get("planners", [raw["planner"]] if "planner" in raw else [])
+    assert [p.kind for p in loaded.planners] == [p["kind"] for p in planners]
 
 
 def test_the_examples_name_the_files_the_demos_build():
@@ -71,14 +81,40 @@ def test_each_readme_command_parses(command):
     build_parser().parse_args(shlex.split(command)[1:])
 
 
+def _fields(out: str) -> dict[str, str]:
+    """``key: value`` lines (`accscale trace info`, `accscale simulate` without --json)."""
+    return dict(line.strip().split(": ", 1) for line in out.splitlines() if ": " in line)
+
+
 def test_the_quick_readme_commands_run(tmp_path, monkeypatch, capsys):
-    """Traces, their summary and the simulations on them, in a folder of their own beside the shipped profiles."""
+    """Traces, their summary and the simulations on them, as written, in a folder of their own beside the shipped
+    profiles; each says what its trace holds: as many queries (frames) as the trace it read, and ratios that are
+    ratios."""
     (tmp_path / "profiles").symlink_to(REPO_ROOT / "profiles")
     monkeypatch.chdir(tmp_path)
     # every trace and simulation but RAMSIS's on a policy set (`accscale ramsis generate` takes minutes)
     quick = [c for c in commands() if c.startswith(("accscale trace ", "accscale simulate "))
              and "--ramsis-policies" not in c]
     assert len(quick) >= 8
+    lines: dict[str, int] = {}  # trace file -> its queries
     for command in quick:
-        assert main(shlex.split(command)[1:]) == 0, command
-    capsys.readouterr()
+        argv = shlex.split(command)[1:]
+        capsys.readouterr()
+        assert main(argv) == 0, command
+        captured = capsys.readouterr()
+        out = captured.out
+        if argv[:2] == ["trace", "gen"]:  # it says what it wrote on stderr, beside the file
+            path = argv[argv.index("--out") + 1]
+            lines[path] = sum(not line.startswith("#") for line in (tmp_path / path).read_text().splitlines())
+            said = captured.err.rstrip()
+            assert f": {lines[path]} queries over " in said and said.endswith(f"to {path}"), (command, said)
+            continue
+        trace = argv[argv.index("--trace") + 1] if "--trace" in argv else argv[-1]
+        summary = json.loads(out) if "--json" in argv else _fields(out)
+        if argv[:2] == ["trace", "info"]:
+            assert int(summary["queries"]) == lines[trace], (command, out)
+        elif "--pipeline" in argv:
+            assert int(summary["frames"]) == lines[trace] and 0 <= float(summary["violation_ratio"]) <= 1, out
+        else:
+            assert int(summary["queries"]) == lines[trace], (command, out)
+            assert 0 <= float(summary["slo_attainment"]) <= 1 and int(summary["met"]) > 0, (command, out)

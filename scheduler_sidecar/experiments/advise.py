@@ -304,6 +304,15 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def spread(ranked: list[Ranked]) -> list[list[float]]:
+    """Each policy's error bar below and above its mean attainment: to its seeds' min and max, clipped at 0, since
+    seeds that agree leave a float mean a rounding error outside their min..max (and matplotlib refuses a negative
+    bar)."""
+    means = [r.mean_attainment for r in ranked]
+    return [[max(0.0, m - min(r.attainment)) for m, r in zip(means, ranked)],
+            [max(0.0, max(r.attainment) - m) for m, r in zip(means, ranked)]]
+
+
 def _plot(path: Path, ranked: list[Ranked]) -> None:
     import matplotlib  # lazy: matplotlib
 
@@ -311,11 +320,8 @@ def _plot(path: Path, ranked: list[Ranked]) -> None:
     import matplotlib.pyplot as plt  # lazy: matplotlib
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    means = [r.mean_attainment for r in ranked]
-    # clipped at 0: seeds that agree leave a mean a rounding error outside their min..max
-    spread = [[max(0.0, m - min(r.attainment)) for m, r in zip(means, ranked)],
-              [max(0.0, max(r.attainment) - m) for m, r in zip(means, ranked)]]
-    ax.bar([r.policy for r in ranked], means, yerr=spread, capsize=3, color="tab:blue")
+    ax.bar([r.policy for r in ranked], [r.mean_attainment for r in ranked], yerr=spread(ranked), capsize=3,
+           color="tab:blue")
     ax.set_ylabel("SLO attainment (simulated)")
     ax.set_ylim(0, 1.02)
     ax.tick_params(axis="x", rotation=30)
