@@ -149,7 +149,7 @@ class Harness:
     def check(self) -> None:
         """The engine's books: its count of free workers, and a routing policy's queues holding what is queued."""
         engine = self.engine
-        assert engine._free == sum(w.is_free for w in engine.workers)
+        assert engine.table.free == sum(w.is_free for w in engine.workers)
         # every serving worker is in the engine, with the health it was given; the rest are draining or gone
         by_id = {w.id: w for w in engine.workers}
         assert all(by_id[wid].healthy == w.healthy for wid, w in self.serving.items())

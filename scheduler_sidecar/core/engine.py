@@ -17,12 +17,13 @@ a worker is still free (with none free there is nothing a policy could start). A
 shared: the first policy to dispatch to it makes it busy for the others, so no worker runs two
 batches at once.
 
-Routing. A query of a routing policy's type is in the type's queue and in one worker's queue
-(or held unrouted), where ``policy.route`` sent it; the engine removes it from both at once
-whatever ends it (a dispatch, a drop, a cancel, a failure). After any change of the workers
-or the plan, the queue of a worker the policy no longer ``keeps`` is routed again, queries held
-unrouted get another try, and a retried batch's queries are routed again: the policy never
-holds a copy of what is queued.
+The engine calls four parts, each the one owner of its state: the worker table (every worker's state and which
+are free, :mod:`.worker_table`), admission (what is refused on arrival, :mod:`.admission`), placement (which
+models each worker holds, moved make before break, :mod:`.placement`) and routing (where a routing policy's
+queries wait, :mod:`.routing`). It keeps the queues, the running batches, the plans and the one record per query.
+
+A policy or planner that raises is contained when the driver gives a fault handler (live): only its own types'
+queued queries fail, with InternalError. Without one (the simulator) the bug surfaces.
 """
 
 from __future__ import annotations
@@ -32,29 +33,27 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from scheduler_sidecar.core.admission import Admission
+from scheduler_sidecar.core.placement import Placement
 from scheduler_sidecar.core.plan import Demand, Plan, Planner, Scope
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.queue import EdfQueue, QueueView, WorkerQueues
 from scheduler_sidecar.core.records import (
-    DROP,
     Batch,
     BatchResult,
     Decision,
-    Load,
     Outcome,
     Query,
     QueryRecord,
-    Unload,
     WorkerState,
 )
+from scheduler_sidecar.core.routing import Routing
+from scheduler_sidecar.core.worker_table import WorkerTable
 from scheduler_sidecar.errors import (
     AccscaleError,
     DeadlineExceeded,
     InternalError,
-    Overloaded,
     PolicyError,
-    RequestError,
-    SloInfeasible,
     Unavailable,
     UnknownModel,
     WorkerError,
@@ -130,6 +129,7 @@ class QueryType:
         self.view = QueueView(self.queue, self.routes)  # what the policy sees
         variants = policy.profile.variants
         self.models = {v.id: v.actuation.model for v in variants}  # variant id -> Triton model it runs on
+        self.model_set = frozenset(self.models.values())
         self.accuracy = {v.id: v.accuracy for v in variants}
 
     def remove(self, query_ids: Sequence[int]) -> list[Query]:
@@ -165,9 +165,7 @@ class Engine:
         self._type_list = list(types)
         if len(self.types) != len(types):
             raise ValueError(f"query type names must be unique: {[t.name for t in types]}")
-        self.workers: list[WorkerState] = list(workers)
-        self._index = {w.id: i for i, w in enumerate(self.workers)}
-        self._free = sum(w.is_free for w in self.workers)  # workers that could start a batch now
+        self.table = WorkerTable(workers)  # the one owner of the workers' states
         self.executor, self.clock, self.on_end = executor, clock, on_end
         self.on_decide = on_decide  # (query type, policy name) after each decide() call: metrics
         # a policy or planner that raises fails only its own types' queued queries, and this hears of it (live);
@@ -178,17 +176,10 @@ class Engine:
         self._running: dict[int, Batch] = {}  # worker id -> its running batch
         self._attempts: dict[int, int] = {}  # query id -> dispatches so far (only while it is not done)
         self._wakeups: set[int] = set()  # times the executor will call wakeup()
-        self._target: dict[int, frozenset[str]] = {}  # worker id -> placement still to carry out
-        self._leaving: set[int] = set()  # workers removed while running a batch: they go when it ends
-        self._retired: set[int] = set()  # workers that have gone: their ids are never taken again
-        self._instances: dict[str, int] = {}  # Triton model -> the instance count a plan last set
-        # query type -> (indices of its workers, None when all of them; how many of them are healthy)
-        self._views: dict[str, tuple[list[int] | None, int]] = {}
-        self._reroute_due = False  # workers or the plan changed: routed queues may have to move
         self._planning_inline = 0  # depth of executor.plan calls under way (see step)
-        self._quickest: dict[str, tuple[int, int]] = {}  # query type -> (latency version, quickest us)
-        # (query type, device kind, latency version, slack in ms) -> queries one worker can serve in that slack
-        self._capacity: dict[tuple[str, str, int, int], int] = {}
+        self.admission = Admission(self.table)
+        self.placement = Placement(self.table, executor, self._running, self._all_models, self._workers_changed)
+        self.routing = Routing(self.table, self._dropped)
 
     # ------------------------------------------------------------------ events from the driver
     def arrive(self, *queries: Query) -> None:
@@ -204,7 +195,7 @@ class Engine:
                 f"unknown query type {query.type!r}; this pool serves {sorted(self.types)}"))
             return
         now = query.arrival_us
-        error = self._refusal(qt, query)
+        error = self.admission.refusal(qt, query)
         if error is not None:
             self._end(query, Outcome.REJECTED, now, error=error)
             return
@@ -212,7 +203,7 @@ class Engine:
         qt.latest_deadline_us = max(qt.latest_deadline_us, query.deadline_us)
         try:
             if qt.routes is not None:
-                self._route(qt, query, now, again=False)
+                self.routing.route(qt, query, now, again=False)
             qt.policy.observe_arrival(now, query)
         except Exception as exc:
             self._fault((qt,), qt.policy.name, exc)
@@ -280,8 +271,8 @@ class Engine:
         health as the set says; then the policies decide once. A full set cannot be applied out of order, as a
         stream of adds and removes can."""
         desired = {w.id: w for w in serving}
-        joining = [w for wid, w in desired.items() if wid not in self._index]
-        leaving = [wid for wid in self._index if wid not in desired and wid not in self._leaving]
+        joining = [w for wid, w in desired.items() if wid not in self.table.index]
+        leaving = [wid for wid in self.table.index if wid not in desired and wid not in self.table.leaving]
         self._add(joining)
         self._remove(leaving)
         for wid, w in desired.items():
@@ -304,15 +295,16 @@ class Engine:
         self.step()
 
     def _health(self, worker_id: int, healthy: bool) -> None:
-        i = self._index.get(worker_id)
-        if i is None or (healthy and worker_id in self._leaving):
+        table = self.table
+        i = table.index.get(worker_id)
+        if i is None or (healthy and worker_id in table.leaving):
             return
-        worker = self.workers[i]
+        worker = table.workers[i]
         # a leaving worker is already down; that it died matters only for the batch it was finishing
-        died_leaving = not healthy and worker_id in self._leaving and worker_id in self._running
+        died_leaving = not healthy and worker_id in table.leaving and worker_id in self._running
         if worker.healthy == healthy and not died_leaving:
             return
-        self._set(i, worker, healthy=healthy, busy_until_us=None, loading_model=None, loading_until_us=None,
+        table.set(i, worker, healthy=healthy, busy_until_us=None, loading_model=None, loading_until_us=None,
                   staging_model=None)
         self._workers_changed()
         batch = self._running.pop(worker_id, None)
@@ -335,36 +327,32 @@ class Engine:
         if not worker_ids:
             return
         for wid in worker_ids:
-            i = self._index[wid]
-            self._set(i, self.workers[i], healthy=False, loading_model=None, loading_until_us=None,
-                      staging_model=None)
-            self._leaving.add(wid)
+            i = self.table.index[wid]
+            self.table.set(i, self.table.workers[i], healthy=False, loading_model=None, loading_until_us=None,
+                           staging_model=None)
+            self.table.leaving.add(wid)
         self._workers_changed()
         self._drop_left()
         self._fail_unserved(Unavailable("no healthy worker"))
 
     def _drop_left(self) -> None:
         """Forget the leaving workers that run no batch any more."""
-        gone = {wid for wid in self._leaving if wid not in self._running}
+        gone = {wid for wid in self.table.leaving if wid not in self._running}
         if not gone:
             return
-        self._leaving -= gone
-        self._retired |= gone
-        self.workers = [w for w in self.workers if w.id not in gone]
-        self._index = {w.id: i for i, w in enumerate(self.workers)}
-        self._free = sum(w.is_free for w in self.workers)
+        self.table.retire(gone)
         for wid in gone:
-            self._target.pop(wid, None)
+            self.placement.abandon(wid)
         self._workers_changed()
 
     def has_worker(self, worker_id: int) -> bool:
         """Whether the worker is (still) in the pool: added, and not yet gone after :meth:`remove_workers`."""
-        return worker_id in self._index
+        return worker_id in self.table.index
 
     def _fail_unserved(self, error: AccscaleError) -> None:
         """End the queued queries of every type left without a healthy worker: none could serve them."""
         for qt in self.types.values():
-            if not self._num_healthy(qt):
+            if not self.table.view(qt.name, qt.model_set)[1]:
                 self._fail_queued(qt, error)
 
     def add_workers(self, workers: Iterable[WorkerState]) -> None:
@@ -373,32 +361,17 @@ class Engine:
 
     def _add(self, workers: Iterable[WorkerState]) -> None:
         workers = list(workers)
-        for w in workers:  # checked first: a refused call adds none of them
-            if w.id in self._index or w.id in self._retired:
-                raise ValueError(f"worker {w.id} is already in the pool, or was: a worker id is never reused")
-        for w in workers:
-            self._index[w.id] = len(self.workers)
-            self.workers.append(w)
-            self._free += w.is_free
+        self.table.add(workers)
         if workers:
             self._workers_changed()
 
     def load_done(self, worker_id: int, model: str, ok: bool = True) -> None:
         """A load finished (or failed: the model stays absent); the worker serves again. Ignored for a worker that
         has left meanwhile."""
-        i = self._index.get(worker_id)
-        if i is None:
+        if not self.placement.loaded(worker_id, model, ok):
             return
-        w = self.workers[i]
-        resident = w.resident | {model} if ok and w.resident is not None else w.resident
-        if w.staging_model == model:
-            self._set(i, w, resident=resident, staging_model=None)
-        else:
-            self._set(i, w, resident=resident, loading_model=None, loading_until_us=None)
-        self._workers_changed()
         if not ok:
             log.warning("worker %d: loading %s failed", worker_id, model)
-            self._target.pop(worker_id, None)  # do not retry a failed placement in a loop
             # a type left with no worker at all: its queries get an answer now
             self._fail_unserved(Unavailable(f"no healthy worker (loading {model} failed)"))
         self.step()
@@ -430,7 +403,7 @@ class Engine:
             return
         self._check_scope(planner, scope)
         planner.scope = scope
-        self._reroute_due = True
+        self.routing.due = True
         self._request(self._state(planner), workers_changed=True)
         self.step()
 
@@ -484,7 +457,7 @@ class Engine:
         state = self._state(planner)
         state.busy = False
         now, scope = self.clock(), planner.scope
-        stray = sorted(wid for wid in plan.placement if wid in self._index and not scope.has_worker(wid))
+        stray = sorted(wid for wid in plan.placement if wid in self.table.index and not scope.has_worker(wid))
         if stray:  # the plan is refused whole: the current one stays
             state.next_us = now + planner.period_us
             self._wake(state.next_us)
@@ -493,19 +466,13 @@ class Engine:
             self.step()
             return
         state.plan = plan
-        for wid, models in plan.placement.items():
-            if wid in self._index:  # else it left the pool while the plan was made (remove_workers)
-                self._target[wid] = frozenset(models)
-        for model, count in plan.instances.items():
-            if self._instances.get(model) != count:
-                self._instances[model] = count
-                self.executor.scale(model, count, [w for w in self.workers if scope.has_worker(w.id)])
+        self.placement.place(plan, scope)
         for qt in self._types_of(state):
             try:
                 qt.policy.observe_plan(now, plan)
             except Exception as exc:
                 self._fault((qt,), qt.policy.name, exc)
-        self._reroute_due = True
+        self.routing.due = True
         state.next_us = now + planner.period_us
         self._wake(state.next_us)
         if state.again:  # its workers changed while this plan was made: it is in force, and another is asked for
@@ -524,18 +491,19 @@ class Engine:
         if self._planning_inline:
             return
         now = self.clock()
-        if self._target:
-            self._move_to_target(now)
-        if self._reroute_due:
+        if self.placement.target:
+            self.placement.move()
+        if self.routing.due:
             self._reroute(now)
-        progress = self._free > 0  # a policy acts on a free worker: with none, there is nothing to decide
+        table = self.table
+        progress = table.free > 0  # a policy acts on a free worker: with none, there is nothing to decide
         while progress:
             progress = False
             for qt in self._by_head_deadline():
                 if not qt.queue:
                     break  # the rest are idle too: an empty queue sorts last
                 try:
-                    decision = qt.policy.decide(now, qt.view, self._workers_for(qt))
+                    decision = qt.policy.decide(now, qt.view, table.serving(qt.name, qt.model_set))
                     self.num_decisions += 1
                     if self.on_decide is not None:
                         self.on_decide(qt.name, qt.policy.name)
@@ -545,10 +513,10 @@ class Engine:
                         self._apply(qt, decision, now)
                 except Exception as exc:
                     self._fault((qt,), qt.policy.name, exc)
-                    progress = self._free > 0  # its queue is empty now; the other types decide on
+                    progress = table.free > 0  # its queue is empty now; the other types decide on
                     continue
                 if not decision.is_empty:
-                    progress = self._free > 0
+                    progress = table.free > 0
                     if not progress:
                         break
 
@@ -558,11 +526,12 @@ class Engine:
         return sorted(self._type_list, key=lambda t: t.queue.peek().deadline_us if t.queue else 1 << 62)
 
     def _apply(self, qt: QueryType, decision: Decision, now: int) -> None:
+        table = self.table
         for d in decision.dispatches:
-            i = self._index.get(d.worker_id)
+            i = table.index.get(d.worker_id)
             if i is None:
                 raise PolicyError(f"{qt.policy.name}: no worker {d.worker_id}")
-            worker = self.workers[i]
+            worker = table.workers[i]
             if not worker.is_free:
                 raise PolicyError(f"{qt.policy.name}: worker {d.worker_id} is not free")
             if not d.query_ids:
@@ -573,7 +542,7 @@ class Engine:
             queries = tuple(qt.remove(d.query_ids))
             expected = qt.policy.latency.us(d.variant_id, len(queries), worker.device)
             batch = Batch(d, queries, now, expected, worker.device, qt.accuracy)
-            self._set(i, worker, busy_until_us=now + expected)
+            table.set(i, worker, busy_until_us=now + expected)
             self._running[worker.id] = batch
             for q in queries:
                 self._attempts[q.id] = self._attempts.get(q.id, 0) + 1
@@ -583,193 +552,45 @@ class Engine:
             for q in qt.remove(decision.dropped):
                 self._end(q, Outcome.DROPPED, now, error=error)
         for u in decision.unloads:
-            self._unload(u)
+            self.placement.unload(u)
         for load in decision.loads:
-            self._load(load, now)
-
-    def _load(self, load: Load, now: int) -> None:
-        i = self._index.get(load.worker_id)
-        if i is None or not self.workers[i].is_free:
-            raise PolicyError(f"cannot load {load.model!r}: worker {load.worker_id} is missing or not free")
-        worker = self.workers[i]
-        expected = self.executor.load(worker, load.model)
-        self._set(i, worker, loading_model=load.model, loading_until_us=now + expected)
-        self._workers_changed()
-
-    def _unload(self, unload: Unload) -> None:
-        i = self._index.get(unload.worker_id)
-        if i is None or unload.worker_id in self._running:
-            raise PolicyError(f"cannot unload {unload.model!r}: worker {unload.worker_id} is missing or busy")
-        worker = self.workers[i]
-        resident = worker.resident if worker.resident is not None else frozenset(self._all_models())
-        self._set(i, worker, resident=resident - {unload.model})
-        self._workers_changed()
-        self.executor.unload(worker, unload.model)
-
-    def _move_to_target(self, now: int) -> None:
-        """Carry out the plan's placement, make before break: load what a worker lacks while it keeps serving
-        what it holds, one model at a time; once it holds everything the plan wants, unload the rest
-        between two batches. A plan change so never leaves a worker without a model to serve."""
-        for wid, target in list(self._target.items()):
-            i = self._index[wid]
-            worker = self.workers[i]
-            if not worker.healthy or worker.staging_model is not None or worker.loading_model is not None:
-                continue
-            resident = worker.resident if worker.resident is not None else frozenset(self._all_models())
-            missing = sorted(target - resident)
-            if missing:
-                self.executor.load(worker, missing[0])
-                self._set(i, worker, staging_model=missing[0])
-                self._workers_changed()
-            elif worker.is_free:
-                for model in sorted(resident - target):
-                    self._unload(Unload(wid, model))
-                del self._target[wid]
-
-    def _set(self, i: int, worker: WorkerState, **changes) -> None:
-        """Replace worker ``i``'s state by ``worker`` with ``changes``, keeping count of the free workers."""
-        new = replace(worker, **changes)
-        self._free += new.is_free - self.workers[i].is_free
-        self.workers[i] = new
+            self.placement.load(load, now)
 
     def _workers_changed(self) -> None:
-        self._views.clear()
-        self._reroute_due = True
+        self.table.changed()
+        self.routing.due = True
 
-    def _route(self, qt: QueryType, query: Query, now: int, *, again: bool) -> None:
-        """Queue ``query`` (already in the type's queue) where the type's policy routes it, or end it if dropped."""
-        assert qt.routes is not None
-        ask = qt.policy.reroute if again else qt.policy.route
-        target = ask(now, query, qt.view, self._workers_for(qt))
-        if target is DROP:
-            qt.queue.remove([query.id])
-            self._end(query, Outcome.DROPPED, now, error=DeadlineExceeded(
-                f"dropped by {qt.policy.name}: it can no longer meet its deadline"))
-            return
-        if target is not None and target not in self._index:
-            raise PolicyError(f"{qt.policy.name}: routed query {query.id} to unknown worker {target}")
-        qt.routes.push(query, target)
+    def _dropped(self, qt: QueryType, query: Query, now: int) -> None:
+        """A routing policy gave up on a query as it routed it (Loki's early dropping)."""
+        self._end(query, Outcome.DROPPED, now, error=DeadlineExceeded(
+            f"dropped by {qt.policy.name}: it can no longer meet its deadline"))
 
     def _reroute(self, now: int) -> None:
         """Route again the queries of every worker its type's policy no longer keeps, and those held unrouted."""
-        self._reroute_due = False
+        self.routing.due = False
         for qt in self._type_list:
-            routes = qt.routes
-            if routes is None or not routes.where:
+            if qt.routes is None:
                 continue
             try:
-                for wid in routes.workers():
-                    i = self._index.get(wid) if wid is not None else None
-                    if i is not None and qt.policy.keeps(self.workers[i]):
-                        continue
-                    for q in routes.take(wid):
-                        self._route(qt, q, now, again=True)
+                self.routing.reroute(qt, now)
             except Exception as exc:
                 self._fault((qt,), qt.policy.name, exc)
 
     def _all_models(self) -> set[str]:
         return {m for qt in self.types.values() for m in qt.models.values()}
 
-    # ------------------------------------------------------------------ admission, workers, endings
-    def _refusal(self, qt: QueryType, query: Query) -> RequestError | None:
-        if not self._view(qt)[1]:
-            return Unavailable("no healthy worker")
-        limit = qt.limits.queue_limit
-        if limit is not None and len(qt.queue) >= limit:
-            return Unavailable(f"queue full ({limit} requests queued)")
-        if query.stage == 0:  # a client's SLO below the quickest option on any worker cannot be met
-            cached = self._quickest.get(qt.name)  # quickest_us(), inline: it is asked on every arrival
-            quickest = cached[1] if cached is not None and cached[0] == qt.policy.latency.version else \
-                self.quickest_us(qt.name)
-            if query.deadline_us - query.arrival_us < quickest:
-                return SloInfeasible(f"slo_us {query.deadline_us - query.arrival_us} is below the fastest variant's "
-                                     f"batch-1 latency ({quickest} us): no variant can meet it")
-            if qt.limits.admission and qt.queue:
-                return self._infeasible(qt, query)
-        return None
-
-    def _infeasible(self, qt: QueryType, query: Query) -> RequestError | None:
-        """Refuse a query that the queries queued ahead of it (earlier deadlines) already make infeasible.
-
-        The bound is optimistic, so that only a query no schedule could serve is refused: every healthy
-        worker of the type starts at once (the batches running now are ignored) and runs, back to back,
-        the option (variant, batch size) that serves the most queries by the deadline. Under sustained
-        overload an EDF queue otherwise grows until every query in it waits almost its whole SLO, and
-        nearly all end late or dropped after they queued (issue 26: 3.6% of capacity met at 3x load);
-        refused at once, a client can try elsewhere, and the queries admitted are the ones that can make it.
-        """
-        slack_us = query.deadline_us - query.arrival_us
-        if query.deadline_us >= qt.latest_deadline_us:
-            ahead = len(qt.queue)  # the usual case (one SLO): every queued query is ahead
-        else:
-            ahead = qt.queue.count_due_by(query.deadline_us)
-        capacity = sum(n * self._served_within(qt, device, slack_us) for device, n in self._devices(qt).items())
-        if ahead < capacity:
-            return None
-        return Overloaded(f"{ahead} requests are queued ahead of this one, and the workers can serve at most "
-                          f"{capacity} in its slo_us of {slack_us}: it cannot be met")
-
-    def _served_within(self, qt: QueryType, device: str, slack_us: int) -> int:
-        """The most queries one worker of ``device`` can finish within ``slack_us``, or a little more (cached per
-        millisecond, rounded up, so that the bound stays optimistic)."""
-        latency = qt.policy.latency
-        window_ms = -(-slack_us // 1000)
-        key = (qt.name, device, latency.version, window_ms)
-        served = self._capacity.get(key)
-        if served is None:
-            window_us = window_ms * 1000
-            served = max((b * (window_us // us) for v in qt.policy.profile.variants if device in v.latency
-                          for b in v.latency[device].batch_sizes
-                          if 0 < (us := latency.us(v.id, b, device)) <= window_us), default=0)
-            if len(self._capacity) > 4096:  # many SLOs or latency versions: start again
-                self._capacity.clear()
-            self._capacity[key] = served
-        return served
-
-    def _devices(self, qt: QueryType) -> dict[str, int]:
-        """Healthy workers of the type per device kind."""
-        mine = self._view(qt)[0]
-        devices: dict[str, int] = {}
-        for w in self.workers if mine is None else (self.workers[i] for i in mine):
-            if w.healthy:
-                devices[w.device] = devices.get(w.device, 0) + 1
-        return devices
-
     def quickest_us(self, query_type: str) -> int:
         """The quickest option of a query type on any device kind in the pool (batch 1)."""
-        qt = self.types[query_type]
-        version = qt.policy.latency.version
-        cached = self._quickest.get(query_type)
-        if cached is None or cached[0] != version:
-            devices = {w.device for w in self.workers} or {qt.policy.device}
-            cached = self._quickest[query_type] = (version, min(qt.policy.quickest_us(d) for d in devices))
-        return cached[1]
+        return self.admission.quickest_us(self.types[query_type])
 
-    def _workers_for(self, qt: QueryType) -> list[WorkerState]:
-        """The workers that hold one of the type's models, or are loading one (all of them when none is placed)."""
-        mine = self._view(qt)[0]
-        return self.workers if mine is None else [self.workers[i] for i in mine]
-
-    def _num_healthy(self, qt: QueryType) -> int:
-        return self._view(qt)[1]
-
-    def _view(self, qt: QueryType) -> tuple[list[int] | None, int]:
-        view = self._views.get(qt.name)
-        if view is None:
-            models = set(qt.models.values())
-            mine = [i for i, w in enumerate(self.workers) if w.resident is None or models & w.resident
-                    or w.loading_model in models or w.staging_model in models]
-            view = self._views[qt.name] = (None if len(mine) == len(self.workers) else mine,
-                                           sum(self.workers[i].healthy for i in mine))
-        return view
-
+    # ------------------------------------------------------------------ workers and endings
     def _release(self, batch: Batch) -> bool:
         """Free the batch's worker; False if the batch is stale (its worker was lost and it was retried)."""
         if self._running.get(batch.worker_id) is not batch:
             return False
         del self._running[batch.worker_id]
-        i = self._index[batch.worker_id]
-        self._set(i, self.workers[i], busy_until_us=None)
+        i = self.table.index[batch.worker_id]
+        self.table.set(i, self.table.workers[i], busy_until_us=None)
         return True
 
     def _requeue(self, queries: Iterable[Query], error: AccscaleError) -> None:
@@ -778,11 +599,11 @@ class Engine:
             qt = self.types[q.type]
             # a query past its deadline is retried too: its policy drops it or serves it late, as it
             # does any late query (late_queries)
-            if self._attempts.get(q.id, 0) < qt.limits.max_attempts and self._num_healthy(qt):
+            if self._attempts.get(q.id, 0) < qt.limits.max_attempts and self.table.view(qt.name, qt.model_set)[1]:
                 qt.queue.push(q)  # retried on another worker
                 if qt.routes is not None:
                     try:
-                        self._route(qt, q, now, again=True)
+                        self.routing.route(qt, q, now, again=True)
                     except Exception as exc:
                         self._fault((qt,), qt.policy.name, exc)
             else:
@@ -831,8 +652,8 @@ class Engine:
         qt = self.types[query_type]
         old, queued = qt.policy, list(qt.queue.scan())
         qt.use(policy)
-        self._quickest.pop(query_type, None)
-        self._views.pop(query_type, None)  # its models are the new profile's
+        self.admission.forget(query_type)
+        self.table.forget_type(query_type)  # its models are the new profile's
         now = self.clock()
         plan = self.plan_of(query_type)
         try:
@@ -840,7 +661,7 @@ class Engine:
                 policy.observe_plan(now, plan)
             if qt.routes is not None:  # the new policy routes every query afresh
                 for q in queued:
-                    self._route(qt, q, now, again=True)
+                    self.routing.route(qt, q, now, again=True)
         except Exception as exc:
             self._fault((qt,), policy.name, exc)
         self.step()
@@ -849,11 +670,17 @@ class Engine:
     @property
     def placing(self) -> bool:
         """A plan is being made, or its placement is not carried out yet."""
-        return any(state.busy for state in self._plannings) or bool(self._target)
+        return any(state.busy for state in self._plannings) or bool(self.placement.target)
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        """Every worker in the pool, leaving ones included, as the engine sees it now."""
+        return self.table.workers
 
     def workers_of(self, query_type: str) -> list[WorkerState]:
         """The workers a query type's policy sees."""
-        return self._workers_for(self.types[query_type])
+        qt = self.types[query_type]
+        return self.table.serving(qt.name, qt.model_set)
 
     def queued(self, query_type: str | None = None) -> int:
         if query_type is not None:
