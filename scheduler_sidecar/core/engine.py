@@ -171,6 +171,7 @@ class Engine:
         # a policy or planner that raises fails only its own types' queued queries, and this hears of it (live);
         # None: the exception propagates (the simulator, where a bug must surface)
         self.on_fault = on_fault
+        self._faulted: set[tuple[str, tuple[str, ...]]] = set()  # (culprit, its types) whose traceback was logged
         self._plannings: list[_Planning] = []  # one per planner (add_planner), each over its scope
         self.num_decisions = 0
         self._running: dict[int, Batch] = {}  # worker id -> its running batch
@@ -615,8 +616,13 @@ class Engine:
         keep serving (a deployment of five systems loses one, not five); without a fault handler, it propagates."""
         if self.on_fault is None:
             raise exc
-        log.error("%s failed; failing the queued requests of %s", culprit, [qt.name for qt in types],
-                  exc_info=exc)
+        names = [qt.name for qt in types]
+        key = (culprit, tuple(names))
+        if key not in self._faulted:  # a bug that raises on every decision logs its traceback once (the metric counts)
+            self._faulted.add(key)
+            log.error("%s failed; failing the queued requests of %s", culprit, names, exc_info=exc)
+        else:
+            log.debug("%s failed again (%s: %s)", culprit, type(exc).__name__, exc)
         error = InternalError(f"scheduling failed in {culprit}: {type(exc).__name__}: {exc}")
         for qt in types:
             self._fail_queued(qt, error)
