@@ -7,6 +7,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import re
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -128,21 +130,31 @@ CLAIMS = {
     "table5.ap_saving": False,
     **{f"fig4.x{f:g}.{m}_tail_within": True for f in (0.25, 0.5, 0.75) for m in ("ap", "eo")},
 }
-# claims whose outcome depends on the trained weights, measured in the two builds: AP 93.36 vs the largest 93.18
-# and 91.74 vs 91.97; EO 93.50 and 91.13 against the second largest 91.32 and 91.69; at half the largest's capacity
-# AP 2.8x and 7.8-8.2x, EO 5.6x and 7.9-8.5x faster on average; AP's replicas R ∝ ρl (either rounding) against
-# uniform ones, 0.00 vs 1.04 and 0.00 vs 0.00 (the fresh build's AP is light enough that neither violates)
-# Fig. 4's average speedups also depend on the build's profiled latencies, which a fresh clone measures while the
-# suite loads the machine: at a quarter of the largest model's capacity AP was 1.9x, 3.7x and above 5.6x in three
-# builds (the paper's 5.6x, with a DeepSpeed baseline that partitions the giant model over GPUs)
-# EO's replicas R ∝ ρl against uniform ones: no violation up to the planned capacity, the uniform spread 5.20% in
-# this machine's build and 2.82% and 10.20% in two fresh clones' (summed over the loads; the profiled latencies
-# differ); in a third fresh clone's (issue 31's last run) the uniform spread violated nothing either, and the
-# strict claim did not hold
-BUILD_DEPENDENT = {"table4.ap_matches_largest", "table4.eo_at_least_second_largest", "replay.ap.replicas_beat_uniform",
-                   "replay.ap.balanced_beat_uniform", "replay.eo.replicas_beat_uniform",
-                   "replay.eo.balanced_beat_uniform",
-                   *(f"fig4.x{f:g}.{m}_mean_speedup" for f in (0.25, 0.5, 0.75) for m in ("ap", "eo"))}
+# Claims whose outcome depends on the build (its trained weights, which differ between builds, and the latencies it
+# profiles on a loaded machine): each asserts a bound that every build meets instead, with the margin measured over
+# five fresh builds (issue 43: `accscale reproduce hybridserve` as below, each on a build of its own) and the builds
+# noted here before (issues 31-42):
+# - AP's accuracy against the largest model's: +0.00 to +0.32 points in the five (92.39-92.71 against 92.39), -0.23
+#   before: AP is within 0.5 points of it.
+# - EO's against the second largest: -0.51 to +0.65 points in the five (91.04-92.20 against 91.55), -0.56 before: EO
+#   is within 1 point of it.
+# - replicas R ∝ ρl (either rounding) against the same instances spread uniformly, violations summed over the loads:
+#   R ∝ ρl 0.00 in every build, uniform 0.00 to 62.49: R ∝ ρl is never worse (strictly better in 1 and 3 of the five,
+#   for AP and EO).
+# - Fig. 4's mean speedups over the largest model alone: at least 2.85x in the five (AP at a quarter of its capacity;
+#   the paper: 5.6x), 1.9x before: both are faster on average.
+BUILD_BOUNDS: dict[str, Callable[..., bool]] = {
+    "table4.ap_matches_largest": lambda ap, largest: ap >= largest - 0.5,
+    "table4.eo_at_least_second_largest": lambda eo, second: eo >= second - 1.0,
+    **{f"replay.{m}.{r}_beat_uniform": (lambda planned, uniform: planned <= uniform)
+       for m in ("ap", "eo") for r in ("replicas", "balanced")},
+    **{f"fig4.x{f:g}.{m}_mean_speedup": (lambda speedup: speedup > 1.0) for f in (0.25, 0.5, 0.75) for m in ("ap", "eo")},
+}
+
+
+def numbers(text: str) -> list[float]:
+    """The figures a claim's ``ours`` states, in order ("92.43 vs 92.39", "91.13 (second largest 91.55)", "3.2x")."""
+    return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text)]
 
 
 def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
@@ -156,9 +168,11 @@ def test_reproduce_hybridserve_json(tmp_path, capsys, hybridserve_family):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) == {"ap", "eo", "largest", "claims"}
     # what this short run says of each claim (a change either way fails here until the list is updated)
-    held = {c["id"]: c["holds"] for c in out["claims"]}
-    assert set(held) == set(CLAIMS) | BUILD_DEPENDENT
-    assert {k: held[k] for k in CLAIMS} == CLAIMS
+    held = {c["id"]: c for c in out["claims"]}
+    assert set(held) == set(CLAIMS) | set(BUILD_BOUNDS)
+    assert {k: held[k]["holds"] for k in CLAIMS} == CLAIMS
+    for claim, bound in BUILD_BOUNDS.items():  # every claim is asserted: these by the bound every build meets
+        assert bound(*numbers(held[claim]["ours"])), held[claim]
     assert out["eo"]["cost_per_request"] < out["ap"]["cost_per_request"] < out["largest"]["cost_per_request"]
     assert list(out["largest"]["share_per_model"]) == [hybridserve_family.names[-1]]
     assert out["ap"]["share_per_model"][hybridserve_family.names[0]] == 1.0
