@@ -178,6 +178,34 @@ def test_a_worker_added_after_one_left_takes_no_slot_of_a_worker_still_serving()
     asyncio.run(main())
 
 
+def test_a_rolling_update_of_every_worker_loses_no_request_and_keeps_each_slot_on_its_triton():
+    """Three workers, each replaced in turn while requests are in flight (the new one admitted, then the old one
+    drained, as a Deployment rolls): every request is answered, each by the Triton that ran its batch; afterwards
+    the engine serves exactly the new workers' slots, each on the Triton the registry names."""
+    async def main():
+        old = [worker(url, gated=False) for url in "abc"]
+        driver, (model,) = make_driver(*old)
+        new, pending = [], []
+        for i, leaving in enumerate(old):
+            pending += [asyncio.ensure_future(model.infer(row(10 * i + k, 0), 1_000_000)) for k in range(4)]
+            new.append(worker(f"n{i}", gated=False))
+            driver.add_worker(new[-1], 1)
+            ids = driver.remove_worker(leaving)
+            pending += [asyncio.ensure_future(model.infer(row(10 * i + k, 1), 1_000_000)) for k in range(4)]
+            await driver.drained(ids)
+        answers = await asyncio.gather(*pending)
+        assert sorted(logits(a)[0] for a in answers) == sorted(10 * i + k + j for i in range(3) for k in range(4)
+                                                               for j in (0, 1))
+        ran = {w.url: sum(call.rows for call in w.calls) for w in old + new}
+        assert sum(ran.values()) == len(answers)  # one row per answer, on the Triton that answered it
+        assert all(ran[url] == sum(a.worker == url for a in answers) for url in ran)
+        serving = {slot.id: driver.membership.worker(slot.id).url for slot, _ in driver.membership.serving()}
+        assert sorted(serving.values()) == ["n0", "n1", "n2"]
+        assert sorted(w.id for w in driver.engine.workers) == sorted(serving) == [3, 4, 5]
+
+    asyncio.run(main())
+
+
 def test_with_no_worker_left_every_request_gets_an_explicit_error():
     async def main():
         lost = worker("a", fail_with=WorkerLost("gone"))
