@@ -13,7 +13,7 @@
     │   └── InternalError         INTERNAL / 500: a bug; the request still gets this answer
     ├── WorkerError               a worker could not run a batch (``worker``: its URL; ``queries``: the batch's ids)
     │   ├── WorkerLost            the worker is gone mid-call; its queries are retried elsewhere
-    │   │   └── WorkerUnreachable no connection to it at all (refused, reset before an answer, no route)
+    │   │   └── WorkerUnreachable its connection was down when the call failed (refused, reset, no route)
     │   └── WorkerFailed          the worker answered with an error; it is relayed with the worker's code
     │       ├── WorkerTimeout     no answer within the call's deadline (DEADLINE_EXCEEDED)
     │       └── WorkerRefused     it answered that it will not run the batch now (RESOURCE_EXHAUSTED)
@@ -100,8 +100,8 @@ class InternalError(RequestError):
 
 
 class WorkerError(AccscaleError):
-    """A worker could not run a batch: ``worker`` is its URL, ``queries`` the ids of the batch's queries (as httpx's
-    errors carry their request), where the raiser knows them."""
+    """A worker could not run a batch: ``worker`` says which (its URL live; the engine's worker id where that is all
+    it knows), ``queries`` the ids of the batch's queries (as httpx's errors carry their request), where known."""
 
     def __init__(self, message: str, *, worker: str = "", queries: tuple[int, ...] = ()) -> None:
         super().__init__(message)
@@ -118,7 +118,8 @@ class WorkerLost(WorkerError):
 
 
 class WorkerUnreachable(WorkerLost):
-    """No connection to the worker (refused, no route, or its channel down): it never saw the batch."""
+    """The worker's connection was down when the call failed (refused, reset, no route): the worker may or may not
+    have seen the batch, which is retried elsewhere as for any lost worker."""
 
 
 class WorkerFailed(WorkerError, RequestError):

@@ -97,7 +97,7 @@ def test_the_plot_takes_seeds_that_agree_to_the_last_bit(tmp_path):
     """Three seeds that agree to the last bit: their float mean falls a rounding error below them, so the bar's
     naive upper error is negative, which matplotlib refuses; the plot's bars are clipped to none. Seeds that differ
     keep their spread."""
-    from scheduler_sidecar.experiments.advise import Ranked, _plot, spread
+    from scheduler_sidecar.experiments.advise import Ranked, _plot, spread  # this test's only
 
     same = (0.9997, 0.9997, 0.9997)
     agree = Ranked("ramsis", "jellyfish", same, same, {})

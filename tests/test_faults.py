@@ -266,9 +266,7 @@ def test_faults_in_any_order_lose_no_request(name, ramsis_dir):
 def _on_gpu(prefix: str):
     """PROFILE's variants on Triton models of their own (``prefix``0, ...), on the gpu device kind Loki's pipeline
     uses, so that five systems share one pool with no model in common."""
-    from dataclasses import replace
-
-    from scheduler_sidecar.core.profile import Actuation
+    from scheduler_sidecar.core.profile import Actuation  # this test's only
 
     return replace(PROFILE, name=prefix, variants=tuple(
         replace(v, id=f"{prefix}{i}", actuation=Actuation("model", f"{prefix}{i}"), latency={"gpu": v.latency["cpu"]})
@@ -287,10 +285,10 @@ def five_systems(tmp_path):
     """SuperServe (SlackFit), RAMSIS, Proteus, Loki (its classification task) and HybridServe (its cascade policy)
     on one engine, as `accscale demo all` deploys them: each system's models on workers of their own, Proteus and
     Loki planned over theirs. Returns the policies by query type, the workers and the planners."""
-    from scheduler_sidecar.core.plan import Scope
-    from scheduler_sidecar.systems.ramsis.generate import generate_set
-    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
-    from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, from_profile
+    from scheduler_sidecar.core.plan import Scope  # this test's only
+    from scheduler_sidecar.systems.ramsis.generate import generate_set  # this test's only
+    from scheduler_sidecar.systems.ramsis.mdp import MdpSpec  # this test's only
+    from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, from_profile  # this test's only
 
     ramsis = _on_gpu("r")
     generate_set(from_profile(ramsis, "gpu", "p99_ms", MAX_QUEUE).pareto(), MdpSpec(36.0, 1, 1.0, 100, 16),
@@ -359,7 +357,7 @@ class Pool:
 def test_a_policy_that_raises_fails_only_its_own_model(culprit, tmp_path):
     """Five systems on one pool; one policy's decide() starts raising after its tenth call. Its model's requests
     after that get InternalError, and the fault handler names it; every request of the other four is served."""
-    from scheduler_sidecar.errors import InternalError
+    from scheduler_sidecar.errors import InternalError  # this test's only
 
     policies, workers, planners = five_systems(tmp_path)
     planted, calls = policies[culprit], []
@@ -385,3 +383,43 @@ def test_a_policy_that_raises_fails_only_its_own_model(culprit, tmp_path):
             assert all(o in SERVED for o in outcomes), (name, sorted({o.value for o in outcomes}))
     assert pool.faults and {name for name, _ in pool.faults} == {culprit}
     assert {who for _, who in pool.faults} == {planted.name}
+
+
+class Everywhere(Scripted):
+    """Places its type's models on both of its first workers whatever it is told, and keeps the demands it gets."""
+
+    def __init__(self, scope, models) -> None:
+        super().__init__()
+        self.scope, self.models, self.demands = scope, models, []
+
+    def plan(self, now_us, demand):
+        self.demands.append(demand)
+        return Plan(now_us, {0: self.models, 1: self.models})
+
+
+def test_a_worker_draining_its_batch_is_no_stray_of_a_plan_made_while_it_was_its_planners():
+    """A planner owns workers 0 and 1; worker 1 leaves while it runs a batch (a rolling update drains it), then the
+    driver narrows the planner's scope to worker 0. The plans made meanwhile still place on 1: they are applied with 1
+    skipped, the next demand leaves the draining worker out, no query fails, and every query is answered (before,
+    the plan was refused as placing on a worker its planner does not own, failing the type's queued queries)."""
+    from scheduler_sidecar.core.plan import Scope  # this test's only
+
+    family = _on_gpu("s")
+    models = frozenset(v.actuation.model for v in family.variants)
+    planner = Everywhere(Scope(frozenset({"s"}), frozenset({0, 1})), models)
+    pool = Pool({"s": SlackFit(family, device="gpu")}, [WorkerState(w, device="gpu", resident=models) for w in (0, 1)],
+                [planner])
+    engine = pool.engine
+    for i in range(6):
+        engine.arrive(Query(200_000, i, i, 0, "s"))
+    assert sorted(pool.running) == [0, 1]
+    engine.update_workers([engine.workers[0]])  # 1 leaves, still running its batch
+    engine.set_scope(planner, [0])
+    assert pool.faults == [] and engine.has_worker(1)
+    assert {w.id for w in planner.demands[-1].workers} == {0}
+    for _ in range(20):
+        pool.now += 10_000
+        for wid in sorted(pool.running):
+            engine.batch_done(pool.running.pop(wid), BatchResult())
+        engine.wakeup()
+    assert not engine.has_worker(1) and [o for o, _ in pool.ends["s"]] == [Outcome.MET] * 6

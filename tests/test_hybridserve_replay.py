@@ -110,7 +110,7 @@ def test_a_tight_slo_answers_early_instead_of_missing_it():
     12 ms SLO, the path through all three models (13 ms) cannot make it. SLO-aware forwarding answers those requests
     with the middle model (29.8% of them) and misses none; forwarding blindly misses every one of them. (On the
     family a fresh build trains, the same check answered 1.2% early in one clone and failed its 5% threshold.)"""
-    from tests.builders import synthetic_cascade
+    from tests.builders import synthetic_cascade  # this test's only
 
     family, cascade, predictions = synthetic_cascade()
     arrival_us = np.round(gamma(100.0, 4.0, 5.0, seed=3).arrival_s * 1e6).astype(np.int64)

@@ -206,6 +206,24 @@ def test_a_rolling_update_of_every_worker_loses_no_request_and_keeps_each_slot_o
     asyncio.run(main())
 
 
+def test_a_worker_removed_while_its_slots_are_added_is_not_joined_again():
+    """The sidecar adds a Triton's slots group by group, awaiting between them; a removal in between must not let
+    the next group join the same connection again as a new, never-removed member. And a connection keeps the
+    device kind it joined with."""
+    async def main():
+        a, b = worker("a", gated=False), worker("b", gated=False)
+        driver, _ = make_driver(a)
+        driver.remove_worker(a)
+        with pytest.raises(ValueError, match="has left the pool"):
+            driver.add_worker(a, 1)
+        assert [m.url for m in driver.membership.members.values() if not m.leaving] == []
+        driver.add_worker(b, 1, device="cpu")
+        with pytest.raises(ValueError, match="device kind 'cpu', not 'gpu'"):
+            driver.add_worker(b, 1, device="gpu")
+
+    asyncio.run(main())
+
+
 def test_with_no_worker_left_every_request_gets_an_explicit_error():
     async def main():
         lost = worker("a", fail_with=WorkerLost("gone"))

@@ -162,8 +162,8 @@ def test_systems_match_pinned_results(case):
 def hybridserve_metrics() -> dict:
     """A three-model cascade on two replicas each (a synthetic family: the pin must not depend on a build's weights),
     4 s of gamma arrivals at 900/s with a 40 ms SLO: escalations are follow-up queries on the next model's queue."""
-    from scheduler_sidecar.experiments.hybridserve.simulation import simulate
-    from tests.builders import synthetic_cascade
+    from scheduler_sidecar.experiments.hybridserve.simulation import simulate  # this test's only
+    from tests.builders import synthetic_cascade  # this test's only
 
     family, cascade, predictions = synthetic_cascade()
     arrival_us = (np.asarray(traces.gamma(rate_qps=900, cv2=4, duration_s=4.0, seed=3).arrival_s) * 1e6).astype(

@@ -99,7 +99,7 @@ class TypeLimits:
 
     queue_limit: int | None = 1024  # queued queries beyond this are refused; None: no limit
     max_attempts: int = 3  # dispatches per query when workers are lost
-    # refuse an arrival that the queries queued ahead of it already make infeasible (see Engine._infeasible)
+    # refuse an arrival that the queries queued ahead of it already make infeasible (see core.admission)
     admission: bool = True
 
 
@@ -268,16 +268,19 @@ class Engine:
 
     def update_workers(self, serving: Iterable[WorkerState]) -> None:
         """Reconcile with the full set of workers that should be serving now (a driver's membership registry): one
-        absent from it leaves (drained, as :meth:`remove_workers`), a new one joins, and each keeps or changes its
-        health as the set says; then the policies decide once. A full set cannot be applied out of order, as a
-        stream of adds and removes can."""
+        absent from it leaves, a new one joins, and each keeps or changes its health as the set says; then the
+        policies decide once. A full set cannot be applied out of order, as a stream of adds and removes can.
+
+        A worker that leaves serves nothing more and goes once the batch it runs, if any, has ended; that batch's
+        queries are answered as usual, or retried elsewhere if it fails. So a worker drained this way loses no
+        query. A worker id is never taken again."""
         desired = {w.id: w for w in serving}
         joining = [w for wid, w in desired.items() if wid not in self.table.index]
         leaving = [wid for wid in self.table.index if wid not in desired and wid not in self.table.leaving]
         self._add(joining)
-        self._remove(leaving)
-        for wid, w in desired.items():
+        for wid, w in desired.items():  # comebacks first: a type whose last worker leaves may get another here
             self._health(wid, w.healthy)
+        self._remove(leaving)
         self._replan({w.id for w in joining} | set(leaving))
         self.step()
 
@@ -291,7 +294,7 @@ class Engine:
 
     def set_health(self, worker_id: int, healthy: bool) -> None:
         """A worker went down (its running batch is retried elsewhere) or came back. A worker that has left (or is
-        leaving, see :meth:`remove_workers`) never comes back; its loss is still a loss."""
+        leaving, see :meth:`update_workers`) never comes back; its loss is still a loss."""
         self._health(worker_id, healthy)
         self.step()
 
@@ -315,13 +318,6 @@ class Engine:
         self._drop_left()
         if not healthy:
             self._fail_unserved(Unavailable("no healthy worker"))
-
-    def remove_workers(self, worker_ids: Iterable[int]) -> None:
-        """Workers leave the pool for good (their Triton was scaled away): none starts another batch or load, and
-        each goes once the batch it runs, if any, has ended; that batch's queries are answered as usual, or
-        retried elsewhere if it fails. So a worker drained this way loses no query."""
-        self._remove(worker_ids)
-        self.step()
 
     def _remove(self, worker_ids: Iterable[int]) -> None:
         worker_ids = list(worker_ids)
@@ -347,7 +343,7 @@ class Engine:
         self._workers_changed()
 
     def has_worker(self, worker_id: int) -> bool:
-        """Whether the worker is (still) in the pool: added, and not yet gone after :meth:`remove_workers`."""
+        """Whether the worker is (still) in the pool: added, and not yet gone after it left (it may be draining)."""
         return worker_id in self.table.index
 
     def _fail_unserved(self, error: AccscaleError) -> None:
@@ -355,10 +351,6 @@ class Engine:
         for qt in self.types.values():
             if not self.table.view(qt.name, qt.model_set)[1]:
                 self._fail_queued(qt, error)
-
-    def add_workers(self, workers: Iterable[WorkerState]) -> None:
-        self._add(workers)
-        self.step()
 
     def _add(self, workers: Iterable[WorkerState]) -> None:
         workers = list(workers)
@@ -427,8 +419,9 @@ class Engine:
             state.again |= workers_changed
             return
         now, scope = self.clock(), state.planner.scope
+        leaving = self.table.leaving  # draining: no plan may count on them
         demand = Demand(state.since_us, now, dict(state.arrivals),
-                        tuple(w for w in self.workers if scope.has_worker(w.id)))
+                        tuple(w for w in self.workers if scope.has_worker(w.id) and w.id not in leaving))
         state.arrivals.clear()
         state.since_us, state.busy = now, True
         # an executor that plans inline (the simulator) applies the plan from inside this event: its step waits
@@ -448,9 +441,12 @@ class Engine:
     def plan_failed(self, planner: Planner) -> None:
         """The planner raised: its current plan stays, and its next one is asked for a period later."""
         state = self._state(planner)
-        state.busy = state.again = False
+        again, state.busy, state.again = state.again, False, False
         state.next_us = self.clock() + planner.period_us
         self._wake(state.next_us)
+        if again:  # its workers changed while the failed plan was made: that one more try is not lost
+            self._request(state)
+            self.step()
 
     def apply_plan(self, planner: Planner, plan: Plan) -> None:
         """A plan is in force: the planner's workers move to its placement as they become free; its types'
@@ -458,12 +454,18 @@ class Engine:
         state = self._state(planner)
         state.busy = False
         now, scope = self.clock(), planner.scope
-        stray = sorted(wid for wid in plan.placement if wid in self.table.index and not scope.has_worker(wid))
+        table = self.table
+        # a worker that left meanwhile (or is draining) is no stray: the plan was made while it was the planner's
+        stray = sorted(wid for wid in plan.placement
+                       if wid in table.index and wid not in table.leaving and not scope.has_worker(wid))
         if stray:  # the plan is refused whole: the current one stays
             state.next_us = now + planner.period_us
             self._wake(state.next_us)
             self._fault(self._types_of(state), type(planner).__name__, PolicyError(
                 f"plan places models on worker(s) {stray}, which its planner does not own"))
+            if state.again:
+                state.again = False
+                self._request(state)
             self.step()
             return
         state.plan = plan
@@ -579,10 +581,6 @@ class Engine:
 
     def _all_models(self) -> set[str]:
         return {m for qt in self.types.values() for m in qt.models.values()}
-
-    def quickest_us(self, query_type: str) -> int:
-        """The quickest option of a query type on any device kind in the pool (batch 1)."""
-        return self.admission.quickest_us(self.types[query_type])
 
     # ------------------------------------------------------------------ workers and endings
     def _release(self, batch: Batch) -> bool:

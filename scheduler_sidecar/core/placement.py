@@ -35,7 +35,7 @@ class Placement:
     def place(self, plan: Plan, scope: Scope) -> None:
         """Move the plan's workers to its placement as they become free, and set its instance counts."""
         for wid, models in plan.placement.items():
-            if wid in self.table.index:  # else it left the pool while the plan was made
+            if wid in self.table.index and wid not in self.table.leaving:  # else it left while the plan was made
                 self.target[wid] = frozenset(models)
         for model, count in plan.instances.items():
             if self.instances.get(model) != count:

@@ -217,6 +217,7 @@ class LiveDriver:
         self._load_us = {m: round(ms * 1000) for _, p in pairs for m, ms in p.profile.load_ms().items()}
         self._loads: dict[tuple[str, str], asyncio.Future] = {}  # (Triton, model) -> its load in progress
         self._timers: set[asyncio.TimerHandle] = set()
+        self._planner_faults: set[str] = set()  # planners whose failure's traceback was logged
         self._tasks: set[asyncio.Task] = set()
 
     # ---------------------------------------------------------------- workers
@@ -229,16 +230,18 @@ class LiveDriver:
         ``device`` is the slots' device kind (default: the one the first model's policy plans for);
         ``resident`` the Triton models loaded there (default: every model).
         """
-        member = self.membership.find(worker.url)
-        if member is None or member.worker is not worker:
+        member = next((m for m in self.membership.members.values() if m.worker is worker), None)
+        if member is None:  # never a second member for this connection: one that left stays left (add_slots says so)
             member = self.membership.join(worker, device=device)
+        elif device is not None and member.device not in (None, device):
+            raise ValueError(f"worker {worker.url} is of device kind {member.device!r}, not {device!r}")
         ids = self.membership.add_slots(member, slots, owner=owner, resident=resident)
         self.sync()
         return ids
 
     def remove_worker(self, worker: Worker) -> list[int]:
         """Take the worker's slots out of the pool (it left the deployment); returns their ids. Each finishes the
-        batch it runs (:meth:`Engine.remove_workers`): :meth:`drained` says when all have."""
+        batch it runs (:meth:`Engine.update_workers`): :meth:`drained` says when all have."""
         member = self.membership.leave(worker)
         ids = list(member.slots)
         self.sync()
@@ -263,7 +266,10 @@ class LiveDriver:
         self._forget_drained()
 
     def _forget_drained(self) -> None:
-        self.membership.forget({sid for sid in self.membership.slots if not self.engine.has_worker(sid)})
+        """Forget the slots of leaving workers that the engine has let go (their last batch has ended)."""
+        members = self.membership.members
+        self.membership.forget({sid for sid, slot in self.membership.slots.items()
+                                if members[slot.member].leaving and not self.engine.has_worker(sid)})
 
     async def drained(self, ids: Sequence[int], poll_s: float = 0.05) -> None:
         """Wait until the removed slots ``ids`` run no batch any more (each ends by its deadline, plus a grace)."""
@@ -275,6 +281,10 @@ class LiveDriver:
     def slots(self) -> dict[int, object]:
         """Slot id -> its :class:`~scheduler_sidecar.live.membership.Slot`, every slot the registry holds."""
         return self.membership.slots
+
+    def set_scope(self, planner: Planner, workers: frozenset[int]) -> None:
+        """The slots ``planner`` plans from now on (through the engine, which keeps planners apart)."""
+        self._guard(self.engine.set_scope, planner, workers)
 
     def use_planner(self, planner: Planner) -> None:
         """Plan ``planner.scope`` from now on (the first plan at once, then every period and on bursts)."""
@@ -545,10 +555,16 @@ class LiveDriver:
         try:
             plan = await asyncio.get_running_loop().run_in_executor(None, planner.plan, now_us, demand)
         except Exception as exc:
-            log.exception("planner failed; the current plan stays")
+            culprit = type(planner).__name__
+            if culprit not in self._planner_faults:  # one traceback per planner; the metric counts every failure
+                self._planner_faults.add(culprit)
+                log.exception("planner %s failed; the current plan stays", culprit)
+            else:
+                log.warning("planner %s failed again (%s: %s); the current plan stays", culprit,
+                            type(exc).__name__, exc)
             for name in self.models:
                 if planner.scope.has_type(name):
-                    self.models[name].stats.fault(f"{type(planner).__name__}: {type(exc).__name__}")
+                    self.models[name].stats.fault(culprit)
             self._guard(self.engine.plan_failed, planner)
             return
         # when it was asked for and when it was ready, in seconds since the driver started (its clock's reading then

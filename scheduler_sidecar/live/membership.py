@@ -15,6 +15,7 @@ are they forgotten. Its URL is free at once: a new Triton at the same address is
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -57,12 +58,16 @@ class Membership:
         self._slot_ids = itertools.count()
         self.members: dict[int, Member] = {}
         self.slots: dict[int, Slot] = {}
+        # connections that left, weakly: one never joins again (a new connection to the same URL is a new member)
+        self._departed: weakref.WeakValueDictionary[int, Worker] = weakref.WeakValueDictionary()
 
     # ------------------------------------------------------------------ changes
     def join(self, worker: Worker, *, device: str | None = None, loaded: frozenset[str] | None = None) -> Member:
-        """A Triton joins; ValueError if one at its URL is already serving."""
+        """A Triton joins; ValueError if one at its URL is already serving, or this connection has left."""
         if self.find(worker.url) is not None:
             raise ValueError(f"worker {worker.url} is already in the pool")
+        if self._departed.get(id(worker)) is worker:
+            raise ValueError(f"worker {worker.url} has left the pool; a new connection to it may join")
         member = Member(next(self._member_ids), worker, device, loaded)
         self.members[member.id] = member
         return member
@@ -97,9 +102,8 @@ class Membership:
                 continue
             member = self.members[slot.member]
             member.slots.remove(sid)
-            if member.leaving and not member.slots:
-                del self.members[member.id]
         for member in [m for m in self.members.values() if m.leaving and not m.slots]:
+            self._departed[id(member.worker)] = member.worker
             del self.members[member.id]
 
     def set_health(self, worker: Worker, healthy: bool) -> bool:

@@ -118,8 +118,8 @@ class WorkerPool:
         workers = list(self.workers)
         states = await asyncio.gather(*(w.ready(self.models, self.timeout_s) for w in workers))
         for worker, health in zip(workers, states):
-            if not any(w is worker for w in self.workers):  # removed while it was being checked
-                continue
+            if not any(w is worker for w in self.workers) or worker.url not in self._answered:
+                continue  # removed while it was being checked
             url = worker.url
             progress, self._answered[url] = worker.answered != self._answered[url], worker.answered
             if health is Health.READY:

@@ -14,7 +14,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from scheduler_sidecar.errors import InvalidRequest, RequestError
+from scheduler_sidecar.errors import InternalError, InvalidRequest, RequestError
 from scheduler_sidecar.server.protocol import (
     CONTENTS_FIELD,
     Limits,
@@ -72,6 +72,9 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return await self._infer(request, context.time_remaining())
         except RequestError as exc:
             await _abort(context, exc)
+        except Exception as exc:  # a bug: still this request's answer, and marked as the sidecar's
+            log.exception("a request failed")
+            await _abort(context, InternalError(f"{type(exc).__name__}: {exc}"))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Triton's bidirectional stream: each request is served as it arrives and answered when it ends, so

@@ -51,8 +51,9 @@ class Metrics:
         self.loop_lag = Gauge("accscale_loop_lag_seconds", "How late the event loop runs a ready handler (the "
                               "recent largest): counted against each arriving request's deadline", registry=r)
         self.faults = Counter("accscale_scheduling_faults", "Exceptions raised by a model's policy or planner "
-                              "(culprit); a policy's fails that model's queued requests only, a planner's keeps its "
-                              "last plan", ["model", "culprit"], registry=r)
+                              "(culprit). A policy's fails that model's queued requests only; a planner whose plan() "
+                              "raises keeps its last plan, one that raises on an arrival or plans beyond its workers "
+                              "fails its models' queued requests", ["model", "culprit"], registry=r)
         self.worker_failures = Counter("accscale_worker_failures", "Batches lost to a failed worker",
                                        ["endpoint"], registry=r)
 

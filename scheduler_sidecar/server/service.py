@@ -216,7 +216,7 @@ class Sidecar:
         """Planner ``k``, once built, plans the slots it owns now (through the engine, which keeps planners apart)."""
         if k < len(self.planners):
             assert self.driver is not None
-            self.driver.engine.set_scope(self.planners[k], self.membership.owned(k))
+            self.driver.set_scope(self.planners[k], self.membership.owned(k))
 
     async def _loaded(self, worker: Worker) -> frozenset[str]:
         """The Triton models of our profiles that ``worker`` has ready."""
@@ -362,10 +362,13 @@ class Sidecar:
 
     async def add_worker(self, url: str) -> dict[str, object]:
         try:
-            worker = await self.pool.add(url, wait_s=self.config.health_interval_s)
+            worker = await self.pool.add(url, wait_s=self.config.health_interval_s, device=self.config.device_of(url))
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
-        return {"worker": url, "slots": await self._add_slots(worker)}
+        try:
+            return {"worker": url, "slots": await self._add_slots(worker)}
+        except ValueError as exc:  # it was removed while its slots were being added
+            raise InvalidRequest(f"worker {url}: {exc}") from None
 
     async def remove_worker(self, url: str) -> dict[str, object]:
         """Drain the worker at ``url`` and forget it: no new batch goes there, the batches it runs finish (or are
