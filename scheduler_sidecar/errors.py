@@ -21,6 +21,7 @@
     ├── ProfileError              a profile file that breaks the schema (also a ValueError)
     ├── TraceError                a trace file that breaks the format (``loadtest.traces``; also a ValueError)
     ├── TritonLaunchError         tritonserver is not installed or did not start (``processes.triton_launcher``)
+    ├── SidecarStartError         the sidecar subprocess did not start (``processes.sidecar``)
     └── PolicyError               a decision the engine cannot carry out: a bug in the policy
 
 ``accscale`` prints an ``AccscaleError`` (and a file it cannot read, or an error Triton answered) as one line

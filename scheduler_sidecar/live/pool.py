@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.live.membership import Membership
 from scheduler_sidecar.live.workers import Health, TritonWorker, Worker
 
@@ -66,7 +67,7 @@ class WorkerPool:
         while (health := await worker.ready(self.models, self.timeout_s)) is not Health.READY:
             if loop.time() >= give_up:
                 await worker.close()
-                raise ValueError(f"Triton at {url} is not ready (server and models {list(self.models)}): "
+                raise ConfigError(f"Triton at {url} is not ready (server and models {list(self.models)}): "
                                  f"{health.value}")
             await asyncio.sleep(0.2)
         if self.membership.find(url) is not None:  # added meanwhile, while this one waited for it to be ready

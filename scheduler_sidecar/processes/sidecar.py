@@ -11,9 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from scheduler_sidecar.errors import AccscaleError
 from scheduler_sidecar.processes import die_with_parent
 from scheduler_sidecar.processes.triton_launcher import free_port, log_tail, wait_http_ready
 
+
+class SidecarStartError(AccscaleError, RuntimeError):
+    """The sidecar exited, or was not ready in time; the message ends with its log's last lines."""
 
 class SidecarServer:
     """``accscale serve`` in a subprocess on free loopback ports, ready once ``start()`` returns."""
@@ -57,7 +61,7 @@ class SidecarServer:
         failure = wait_http_ready(self._proc, self.http_url, self._ready_timeout_s)
         if failure:
             self.stop()
-            raise RuntimeError(f"the sidecar {failure}; last lines of {self.log_path}:\n{self.log_tail()}")
+            raise SidecarStartError(f"the sidecar {failure}; last lines of {self.log_path}:\n{self.log_tail()}")
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
