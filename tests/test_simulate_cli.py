@@ -96,3 +96,21 @@ def test_optimal_rejects_options_it_would_ignore(tmp_path, capsys, option):
     profile, trace = tiny_optimal_inputs(tmp_path)
     assert main(["simulate", "--policy", "optimal", "--profile", profile, "--trace", trace, *option]) == 2
     assert f"--policy optimal does not support {option[0]}" in capsys.readouterr().err
+
+
+def test_a_pipeline_run_honours_slo_ms_and_refuses_too_few_workers_in_one_line(tmp_path, capsys):
+    """`simulate --pipeline`: the frames' SLO is --slo-ms when given (it was silently ignored), the pipeline's own
+    otherwise; fewer workers than tasks is a one-line error, not a traceback."""
+    traces.gamma(rate_qps=20, cv2=1, duration_s=2.0, seed=1).save(tmp_path / "frames.txt")
+    base = ["simulate", "--pipeline", "traffic-analysis", "--trace", str(tmp_path / "frames.txt"), "--system", "loki",
+            "--json"]
+    slo = {}
+    for extra in ([], ["--slo-ms", "400"]):
+        capsys.readouterr()
+        assert main([*base, "--workers", "6", *extra]) == 0
+        slo[tuple(extra)] = json.loads(capsys.readouterr().out)["slo_ms"]
+    assert slo == {(): 250.0, ("--slo-ms", "400"): 400.0}
+    assert main([*base, "--workers", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("accscale simulate: error: loki: 2 workers cannot hold one replica of each of the pipeline's 3 "
+                   "tasks: give it at least 3")

@@ -23,6 +23,8 @@ from scheduler_sidecar.systems.superserve.optimal import solve_optimal
 MAX_OPTIMAL_QUERIES = 200  # the time-indexed ZILP grows quickly; beyond this it is impractical
 
 
+DEFAULT_SLO_MS = 36.0  # SuperServe Fig. 9's SLO, for a trace whose lines give none
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="simulate a policy on a trace and a profile (discrete-event, profiled latencies)",
@@ -36,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile-set", help="CSV profile only: which profile_set (e.g. image_cloud_cpu)")
     p.add_argument("--trace", type=Path, required=True, help="trace file: one 'arrival_s[,slo_ms[,payload]]' per line")
     p.add_argument("--workers", type=int, default=1, help="number of workers (default: 1)")
-    p.add_argument("--slo-ms", type=float, default=36.0,
-                   help="latency SLO for queries whose trace line has none (default: 36, SuperServe Fig. 9)")
+    p.add_argument("--slo-ms", type=float, default=None,
+                   help="latency SLO for queries whose trace line has none (default: 36, SuperServe Fig. 9; with "
+                        "--pipeline, every frame's end-to-end SLO, by default the pipeline's own)")
     p.add_argument("--device", help="device kind of the profile's latencies (default: its first)")
     p.add_argument("--variants", type=int, metavar="N",
                    help="keep N of the profile's variants, evenly spaced in accuracy (a smaller ZILP for optimal)")
@@ -112,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         return _pipeline(args)
     if args.profile is None:
         raise ConfigError("--profile is required (or --pipeline for a pipeline)")
+    if args.slo_ms is None:
+        args.slo_ms = DEFAULT_SLO_MS
     profile = load_profile(args.profile, args.profile_set)
     if args.variants:
         profile = dataclasses.replace(profile, variants=tuple(profile.spread(args.variants)))
@@ -144,11 +149,16 @@ def _pipeline(args: argparse.Namespace) -> int:
     if args.system not in systems:
         raise ConfigError(f"unknown --system {args.system!r}; choose one of {sorted(systems)}")
     pipeline = load_pipeline(args.pipeline)
+    if args.slo_ms is not None:  # the frames' SLO; the planner and the budgets plan for it
+        if args.slo_ms <= 0:
+            raise ConfigError(f"--slo-ms must be positive, got {args.slo_ms:g}")
+        pipeline = dataclasses.replace(pipeline, slo_ms=args.slo_ms)
     arrival_us, _ = load_queries(args.trace, pipeline.slo_ms)
     first_s = arrival_us[arrival_us < 10_000_000]
     run_ = simulate(systems[args.system], Setup(pipeline, args.workers, LokiConfig(headroom=args.headroom)),
                     arrival_us, initial_demand_qps=len(first_s) / 10.0, seed=args.seed)
-    summary = {"pipeline": pipeline.name, "system": args.system, "workers": args.workers, **metrics(run_),
+    summary = {"pipeline": pipeline.name, "system": args.system, "workers": args.workers, "slo_ms": pipeline.slo_ms,
+               **metrics(run_),
                "plans": len(run_.plans)}
     print(json.dumps(summary) if args.json else "\n".join(f"{k:>24}: {v}" for k, v in summary.items()))
     return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
 from scheduler_sidecar.core.records import Query
+from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.systems.demand import SecondCounts, ewma
 from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
@@ -84,8 +85,8 @@ class LokiPlanner(Planner):
     def __init__(self, pipeline: Pipeline, workers: Sequence[int], config: LokiConfig = DEFAULT_CONFIG, *,
                  initial_demand_qps: float = 0.0) -> None:
         if len(workers) < len(pipeline.tasks):
-            raise ValueError(f"loki: {len(workers)} workers cannot hold one replica of each of "
-                             f"{len(pipeline.tasks)} tasks")
+            raise ConfigError(f"loki: {len(workers)} workers cannot hold one replica of each of the pipeline's "
+                              f"{len(pipeline.tasks)} tasks: give it at least {len(pipeline.tasks)}")
         self.pipeline, self.config = pipeline, config
         self.workers = list(workers)
         self.healthy = set(self.workers)
