@@ -96,12 +96,12 @@ def test_dynamic_batcher_mixes_subnets(fast_build, triton):
     expected = [infer(triton.grpc_url, SUPERNET_MODEL, x[i : i + 1], np.array([rows[i]], dtype=np.int32))
                 for i in range(len(x))]
     control = httpclient.InferenceServerClient(triton.http_url)
-    config = control.get_model_config(SUPERNET_MODEL)
-    config["dynamic_batching"] = {"max_queue_delay_microseconds": 5_000_000, "preferred_batch_size": [8]}
-    control.load_model(SUPERNET_MODEL, config=json.dumps(config))
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
     try:
+        config = control.get_model_config(SUPERNET_MODEL)
+        config["dynamic_batching"] = {"max_queue_delay_microseconds": 5_000_000, "preferred_batch_size": [8]}
+        control.load_model(SUPERNET_MODEL, config=json.dumps(config))
         before = _stats(triton)
-        client = grpcclient.InferenceServerClient(triton.grpc_url)
         done: queue.Queue = queue.Queue()
         for i in range(len(x)):
             inputs = [grpcclient.InferInput("INPUT", [1, *x.shape[1:]], "FP32"),
@@ -112,9 +112,9 @@ def test_dynamic_batcher_mixes_subnets(fast_build, triton):
                                partial(lambda i, result, error: done.put((i, result, error)), i))
         answers = dict((i, (result, error)) for i, result, error in (done.get(timeout=60) for _ in range(len(x))))
         results = [answers[i][0].as_numpy("LOGITS") for i in range(len(x)) if answers[i][1] is None]
-        client.close()
         after = _stats(triton)
     finally:
+        client.close()
         control.load_model(SUPERNET_MODEL)  # the repository's config again, for the tests after this one
         control.close()
     for got, want in zip(results, expected):

@@ -278,7 +278,8 @@ class Engine:
         joining = [w for wid, w in desired.items() if wid not in self.table.index]
         leaving = [wid for wid in self.table.index if wid not in desired and wid not in self.table.leaving]
         self._add(joining)
-        for wid, w in desired.items():  # comebacks first: a type whose last worker leaves may get another here
+        # comebacks first, then losses, then leaves: a type that loses its last worker may get another in the same set
+        for wid, w in sorted(desired.items(), key=lambda item: not item[1].healthy):
             self._health(wid, w.healthy)
         self._remove(leaving)
         self._replan({w.id for w in joining} | set(leaving))

@@ -23,6 +23,7 @@ from scheduler_sidecar.systems.superserve.optimal import solve_optimal
 MAX_OPTIMAL_QUERIES = 200  # the time-indexed ZILP grows quickly; beyond this it is impractical
 
 
+
 DEFAULT_SLO_MS = 36.0  # SuperServe Fig. 9's SLO, for a trace whose lines give none
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -136,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    """A pipeline's frames through Loki or a baseline; every frame gets the pipeline's SLO."""
+    """A pipeline's frames through Loki or a baseline; every frame gets --slo-ms, or the pipeline's own SLO (the
+    planner plans one end-to-end SLO: a trace line's own is not used)."""
     from scheduler_sidecar.experiments.loki.systems import (  # lazy: highspy, pulp
         ABLATIONS,
         SYSTEMS,

@@ -217,7 +217,7 @@ class LiveDriver:
         self._load_us = {m: round(ms * 1000) for _, p in pairs for m, ms in p.profile.load_ms().items()}
         self._loads: dict[tuple[str, str], asyncio.Future] = {}  # (Triton, model) -> its load in progress
         self._timers: set[asyncio.TimerHandle] = set()
-        self._planner_faults: set[str] = set()  # planners whose failure's traceback was logged
+        self._planner_faults: set[int] = set()  # id() of the planners whose failure's traceback was logged
         self._tasks: set[asyncio.Task] = set()
 
     # ---------------------------------------------------------------- workers
@@ -233,7 +233,7 @@ class LiveDriver:
         member = next((m for m in self.membership.members.values() if m.worker is worker), None)
         if member is None:  # never a second member for this connection: one that left stays left (add_slots says so)
             member = self.membership.join(worker, device=device)
-        elif device is not None and member.device not in (None, device):
+        elif device is not None and member.device != device:
             raise ValueError(f"worker {worker.url} is of device kind {member.device!r}, not {device!r}")
         ids = self.membership.add_slots(member, slots, owner=owner, resident=resident)
         self.sync()
@@ -556,8 +556,8 @@ class LiveDriver:
             plan = await asyncio.get_running_loop().run_in_executor(None, planner.plan, now_us, demand)
         except Exception as exc:
             culprit = type(planner).__name__
-            if culprit not in self._planner_faults:  # one traceback per planner; the metric counts every failure
-                self._planner_faults.add(culprit)
+            if id(planner) not in self._planner_faults:  # one traceback per planner; the metric counts every failure
+                self._planner_faults.add(id(planner))
                 log.exception("planner %s failed; the current plan stays", culprit)
             else:
                 log.warning("planner %s failed again (%s: %s); the current plan stays", culprit,

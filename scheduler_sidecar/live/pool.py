@@ -68,7 +68,7 @@ class WorkerPool:
             if loop.time() >= give_up:
                 await worker.close()
                 raise ConfigError(f"Triton at {url} is not ready (server and models {list(self.models)}): "
-                                 f"{health.value}")
+                                  f"{health.value}")
             await asyncio.sleep(0.2)
         if self.membership.find(url) is not None:  # added meanwhile, while this one waited for it to be ready
             await worker.close()

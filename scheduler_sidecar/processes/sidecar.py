@@ -19,6 +19,7 @@ from scheduler_sidecar.processes.triton_launcher import free_port, log_tail, wai
 class SidecarStartError(AccscaleError, RuntimeError):
     """The sidecar exited, or was not ready in time; the message ends with its log's last lines."""
 
+
 class SidecarServer:
     """``accscale serve`` in a subprocess on free loopback ports, ready once ``start()`` returns."""
 

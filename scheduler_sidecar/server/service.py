@@ -21,7 +21,7 @@ from scheduler_sidecar.core.engine import TypeLimits
 from scheduler_sidecar.core.plan import Planner, Scope
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel
+from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel, WorkerError
 from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
 from scheduler_sidecar.live.membership import Membership
 from scheduler_sidecar.live.pool import WorkerPool
@@ -367,8 +367,11 @@ class Sidecar:
             raise InvalidRequest(str(exc)) from None
         try:
             return {"worker": url, "slots": await self._add_slots(worker)}
-        except ValueError as exc:  # it was removed while its slots were being added
-            raise InvalidRequest(f"worker {url}: {exc}") from None
+        except (ValueError, WorkerError) as exc:  # removed meanwhile, or it cannot be served: not added
+            member = self.membership.find(url)
+            if member is not None and member.worker is worker:  # half added: taken out again
+                await self.remove_worker(url)
+            raise InvalidRequest(f"worker {url} not added: {exc}") from None
 
     async def remove_worker(self, url: str) -> dict[str, object]:
         """Drain the worker at ``url`` and forget it: no new batch goes there, the batches it runs finish (or are
