@@ -106,13 +106,12 @@ class Membership:
             self._departed[id(member.worker)] = member.worker
             del self.members[member.id]
 
-    def set_health(self, worker: Worker, healthy: bool) -> bool:
-        """Whether the health of ``worker`` (this connection: an older one at its URL is another member) changed."""
+    def set_health(self, worker: Worker, healthy: bool) -> None:
+        """The health of ``worker`` (this connection: an older one at its URL is another member); a leaving one's
+        is no longer tracked."""
         member = next((m for m in self.members.values() if m.worker is worker and not m.leaving), None)
-        if member is None or member.healthy == healthy:
-            return False
-        member.healthy = healthy
-        return True
+        if member is not None:
+            member.healthy = healthy
 
     # ------------------------------------------------------------------ reads
     def find(self, url: str) -> Member | None:
