@@ -68,6 +68,12 @@ def next_hop(mode: str, overrun_ms: float, routed_ms: float | None, backups: Ite
     return Choice.DROPPED, None
 
 
+def expiring(waited: float, execution: float, budget: float) -> bool:
+    """The artifact's check before a batch runs (per-task and rerouting): a query that has waited ``waited`` at its
+    task and would then run ``execution`` overruns the task's latency ``budget`` (any one unit)."""
+    return waited + execution > budget
+
+
 def too_late(time_left: float, execution: float) -> bool:
     """Last-task dropping: a leaf query whose execution cannot finish in the time its frame has left (any unit)."""
     return execution > time_left

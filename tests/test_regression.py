@@ -130,14 +130,21 @@ SYSTEM_PINS = {
     # 0.5121252625548978), loki-fail (0.5227027027027027, 967, 99.45984684822855, 0.5148258272184184, rerouted 0),
     # inferline (0.4681081081081081, 0, 99.66362486528986, 0.46305136528546875), last-task (0.4151351351351351, 768,
     # 99.57443576952187, 0.40328432308573614)
+    # Issue 44: Loki's latency budget defaults to the artifact's 2 x l (the paper's 1 x l met 10 frames/s at most on
+    # 20 workers) and, before a batch runs, a query that can no longer meet its frame's SLO is dropped (ours; the
+    # paper checks only once a query has run, so the burst's backlog was served to its end, late). Under 2 x l alone
+    # loki gave 0.42756756756756753 (791 dropped, accuracy 99.57453995433929, query violations 0.4235521972776126);
+    # before both: loki (0.5221621621621622, 966, 99.56361530105713, 0.5137892468425216), loki-fail
+    # (0.5221621621621622, 966, 99.45776840878496, 0.5132709566545732, rerouted 19). Rerouting finds no backup here:
+    # a hardware-scaling plan hosts the top variants only, none faster than another.
     "loki": (loki_metrics, "loki", {}, {
-        "frames": 1850, "violation_ratio": 0.5221621621621622, "dropped_frames": 966, "accuracy": 99.56361530105713,
-        "query_violation_ratio": 0.5137892468425216, "rerouted": 0}),
+        "frames": 1850, "violation_ratio": 0.21297297297297302, "dropped_frames": 394, "accuracy": 99.507322974284,
+        "query_violation_ratio": 0.17747172769006825, "rerouted": 0}),
     # and no query goes to, or waits on, a lost worker: it goes to a healthy replica of its variant, else to the
     # task's least busy worker (before: 0.4713513513513513, 776, 99.51203425762948, 0.4467934204424562)
     "loki-fail": (loki_metrics, "loki", {"fail_at_s": (4.0, 9.0)}, {
-        "frames": 1850, "violation_ratio": 0.5221621621621622, "dropped_frames": 966, "accuracy": 99.45776840878496,
-        "query_violation_ratio": 0.5132709566545732, "rerouted": 19}),
+        "frames": 1850, "violation_ratio": 0.21351351351351355, "dropped_frames": 395, "accuracy": 99.36547347172021,
+        "query_violation_ratio": 0.1773877505318553, "rerouted": 0}),
     "inferline": (loki_metrics, "inferline", {}, {
         "frames": 1850, "violation_ratio": 0.4664864864864865, "dropped_frames": 0, "accuracy": 99.66362486528986,
         "query_violation_ratio": 0.4616874437382362, "rerouted": 0}),

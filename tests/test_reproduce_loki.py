@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scheduler_sidecar.cli import main
-from scheduler_sidecar.experiments.loki.reproduce import poisson_seconds, trace_arrivals
+from scheduler_sidecar.experiments.loki.reproduce import PAPERS_READING, poisson_seconds, trace_arrivals
 from scheduler_sidecar.experiments.loki.systems import ABLATIONS, SYSTEMS
 from scheduler_sidecar.systems.loki.policy import BUDGETS
 
@@ -20,13 +20,14 @@ CLAIMS = {
     # and a weak detector finds 2.0 cars per frame against yolov5x's 17.8, so the servable demand grows far more
     "fig1.hardware_end_qps": False,
     "fig1.max_gain": False,
-    # under the paper's budget (1 x l) a query that waited at all overruns it, and rerouting drops what no backup
-    # takes: Loki meets no demand level of the sweep, nor most frames of the trace
-    "fig5.capacity_over_inferline": False,
+    # the artifact's 2 x l and the drop of hopeless queries (issue 44): Loki serves 300 frames/s within 1%, InferLine 40
+    "fig5.capacity_over_inferline": True,
+    # the trace's first 6 s min-max scaled alone swing 50 -> 425 frames/s within seconds: Loki's plan, made from
+    # one-second counts, trails each jump and misses 80% (Proteus-per-task 28%); on the whole trace Loki misses 7%
     "fig5.fewer_violations_than_proteus": False,
     "fig5.fewest_offpeak_workers": True,  # all keep their 20 workers in 6 s: a tie
-    # the social-media pipeline over the same 6 s: under the paper's budget Loki misses 80% of the frames, as many as
-    # InferLine (1.0x) and more than Proteus-per-task (19%); it gives up 1.2 points of accuracy, Proteus-per-task 5.8
+    # the social-media pipeline over the same 6 s: Loki misses 29% of the frames, InferLine 2.8x as many (paper: more
+    # than 5x), Proteus-per-task 19%; Loki gives up 0.8 points of accuracy, Proteus-per-task 5.8
     "fig6.inferline_peak_violations_over_loki": False,
     "fig6.fewer_violations_than_proteus": False,
     "fig6.fewest_offpeak_workers": True,  # a tie at 20 again
@@ -36,8 +37,8 @@ CLAIMS = {
     # crop no backup takes fails the frame; last-task dropping drops only what can no longer make it
     **{f"fig7.{budget}.{count}_violation_order": False for budget in ("paper", "artifact", "proportional")
        for count in ("frame", "query")},
-    # Fig. 8 at 200 and 400 ms, under the paper's budget: Loki drops about 96% of the frames at both, so which SLO
-    # violates a hair more, and which serves a hair less accurately, is noise (10 s of trace gave the opposite)
+    # Fig. 8 at 200 and 400 ms on 6 s: at 400 ms the plan batches more and the swings catch it with longer queues
+    # (94% against 73%); 10 s of trace gave the opposite
     "fig8.violations_fall": False,
     "fig8.drop_falls": True,
 }
@@ -59,10 +60,12 @@ def test_reproduce_loki_writes_every_figure(tmp_path, capsys):
     phases = result["fig1"]
     assert phases["hardware_end_qps"] < phases["classifier_end_qps"] < phases["max_qps"]
     fig5 = {r["system"]: r for r in result["fig5"]}
-    # the three systems, Loki with the paper's headroom, and Loki under the artifact's and our budgets
-    assert set(fig5) == {*SYSTEMS, "loki (headroom 1, the paper's)", "loki (artifact budget)",
-                         "loki (proportional budget)"}
-    assert fig5["loki (proportional budget)"]["violation_ratio"] < fig5["loki"]["violation_ratio"]
+    # the three systems, and Loki with the paper's headroom, under the paper's and our budgets, each other check
+    # before a batch, and as the paper's text reads
+    assert set(fig5) == {*SYSTEMS, "loki (headroom 1, the paper's)", "loki (paper budget)",
+                         "loki (proportional budget)", "loki (checked before a batch: none)",
+                         "loki (checked before a batch: artifact)", PAPERS_READING}
+    assert fig5[PAPERS_READING]["violation_ratio"] > fig5["loki"]["violation_ratio"]
     assert [r["system"] for r in result["fig6"]] == list(SYSTEMS)
     assert {(r["system"], r["budget"]) for r in result["fig7"]} == {(s, b) for s in ABLATIONS for b in BUDGETS}
     held = {c["id"]: c for c in result["claims"]}

@@ -41,6 +41,7 @@ from scheduler_sidecar.experiments.proteus import demo as proteus_demo
 from scheduler_sidecar.sim.results import markdown_table
 from scheduler_sidecar.systems.hybridserve.family import Family
 from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig
+from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM
 
 WINDOW_S = 5.0
 SLO_MS = {"supernet": 100.0, "wine": 100.0, "digits": 300.0, "scenes": 400.0, "cascade": 1000.0}
@@ -147,7 +148,7 @@ def _loki(folder: Path) -> Model:
 
     stamp, profile, _, _ = loki_demo.build_pipeline(folder, SLO_MS["scenes"], 1.0, LOKI_INSTANCES, "small")
     frames = generate(300, "heldout", seed=21).frames
-    settings = argparse.Namespace(instances=LOKI_INSTANCES, slowdown=1.0, period_s=5.0, headroom=1.0,
+    settings = argparse.Namespace(instances=LOKI_INSTANCES, slowdown=1.0, period_s=5.0, headroom=DEFAULT_HEADROOM,
                                   slo_ms=SLO_MS["scenes"])
     return Model("scenes", loki_demo.sidecar_config(stamp, profile, settings, "scenes"), (loki_demo.BLS,), lambda i: {"FRAME": frames[i % len(frames)][None]})
 

@@ -16,7 +16,7 @@ from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 from scheduler_sidecar.systems import make_policy, option_names, policies, policy_class
 from scheduler_sidecar.systems.loki.data import load_pipeline
-from scheduler_sidecar.systems.loki.planner import LokiConfig
+from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM, LokiConfig
 from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv, to_profile
 from scheduler_sidecar.systems.superserve.optimal import solve_optimal
 
@@ -88,7 +88,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="traffic-analysis (the authors' profile), or a pipeline built here (its loki.json)")
     lk.add_argument("--system", default="loki", help="loki (default), inferline, proteus-per-task, or a dropping "
                                                      "mode: 'no dropping', 'last-task dropping', 'per-task dropping'")
-    lk.add_argument("--headroom", type=float, default=1.0, help="capacity planned per query (default: 1, the paper's)")
+    lk.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
+                    help=f"capacity planned per frame of demand (default: {DEFAULT_HEADROOM:g}; the paper: 1; bursty "
+                         "traces need more)")
     p.add_argument("--dynamics-csv", type=Path, help="write per-second dynamics (ingest, accuracy, batch, attainment)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -160,9 +162,9 @@ def _pipeline(args: argparse.Namespace) -> int:
     run_ = simulate(systems[args.system], Setup(pipeline, args.workers, LokiConfig(headroom=args.headroom)),
                     arrival_us, initial_demand_qps=len(first_s) / 10.0, seed=args.seed)
     summary = {"pipeline": pipeline.name, "system": args.system, "workers": args.workers, "slo_ms": pipeline.slo_ms,
-               **metrics(run_),
-               "plans": len(run_.plans)}
-    print(json.dumps(summary) if args.json else "\n".join(f"{k:>24}: {v}" for k, v in summary.items()))
+               "headroom": args.headroom, **metrics(run_), "plans": len(run_.plans)}
+    print(json.dumps(summary) if args.json else
+          "\n".join(f"{k:>24}: {round(v, 4) if isinstance(v, float) else v}" for k, v in summary.items()))
     return 0
 
 

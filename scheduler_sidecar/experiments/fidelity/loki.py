@@ -23,8 +23,8 @@ from scheduler_sidecar.experiments.fidelity.common import LOADED, Progress, defa
 from scheduler_sidecar.experiments.loki import demo as loki_demo
 from scheduler_sidecar.experiments.loki import systems
 from scheduler_sidecar.systems.loki.data import trained
-from scheduler_sidecar.systems.loki.planner import LokiConfig
-from scheduler_sidecar.systems.loki.policy import LIVE_BUDGET
+from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM, LokiConfig
+from scheduler_sidecar.systems.loki.policy import DEFAULT_BUDGET
 
 INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling has room
 
@@ -36,7 +36,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     stamp, profile, models, slowdown = loki_demo.build_pipeline(folder, args.slo_ms, None, instances, "small")
     pipeline = trained(stamp).scaled(slowdown)
     trace = Trace.load(default_trace(args, tmp, base_qps=5.0, variant_qps=10.0))
-    demo = argparse.Namespace(instances=instances, slowdown=slowdown, period_s=5.0, headroom=1.0,
+    demo = argparse.Namespace(instances=instances, slowdown=slowdown, period_s=5.0, headroom=DEFAULT_HEADROOM,
                               slo_ms=args.slo_ms)
     with deploy(folder / "repository", [loki_demo.BLS], [Device(slowdown)],
                 config=loki_demo.sidecar_config(stamp, profile, demo)) as d:
@@ -62,7 +62,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
     arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
     setup = systems.Setup(pipeline, workers=instances, config=LokiConfig(period_s=5.0, min_demand_qps=1.0),
-                          budget=LIVE_BUDGET,  # the live run's
+                          budget=DEFAULT_BUDGET,  # the live run's
                           load_ms=float(np.mean(load_ms)) if load_ms else None)
     run_ = systems.simulate(systems.SYSTEMS["loki"], setup, arrival_us, initial_demand_qps=0.0)
     met = run_.frames.met

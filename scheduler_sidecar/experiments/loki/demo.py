@@ -46,7 +46,7 @@ from scheduler_sidecar.experiments.deployment import Answer, Device, Request, de
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.loki.data import trained
 from scheduler_sidecar.systems.loki.live import LivePlanner
-from scheduler_sidecar.systems.loki.planner import LokiConfig
+from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM, LokiConfig
 
 MODEL = "scenes"  # the logical model clients call
 BLS = "loki_pipeline"
@@ -70,7 +70,8 @@ def register(demos: argparse._SubParsersAction) -> None:
     p.add_argument("--instances", type=int, default=INSTANCES,
                    help=f"the budget of replicas the resource manager places: Triton instances of the stage models "
                         f"(default: {INSTANCES}; 3, one per task, leaves only accuracy scaling)")
-    p.add_argument("--headroom", type=float, default=1.0, help="capacity planned per frame of demand (default: 1)")
+    p.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
+                   help=f"capacity planned per frame of demand (default: {DEFAULT_HEADROOM:g}; the paper: 1)")
     p.add_argument("--period-s", type=float, default=5.0, help="the resource manager's period (default: 5)")
     p.add_argument("--recipe", choices=("full", "small"), default="full",
                    help="how the stage models are trained: small builds in seconds, a few points less accurate "

@@ -8,7 +8,8 @@ metrics per frame (§6.1).
 | proteus-per-task | Proteus' MILP with each task a query type, per-task demand, the SLO split equally over the stages, every worker in use | Proteus' routing and adaptive batching, per stage |
 
 A frame's fan-out is drawn per query: each child gets Poisson(fan-out of the served variant) queries (the
-artifact replays a per-frame detection trace that it does not publish).
+artifact replays a per-frame detection trace that it does not publish); ``Setup(fanout="mean")`` gives each child
+exactly the fan-out, rounded, so that a run is deterministic end to end (the tests' second simulation).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
 from scheduler_sidecar.systems.loki.pipeline import DEVICE, Pipeline
 from scheduler_sidecar.systems.loki.planner import LokiConfig, LokiPlanner, PlanRecord
-from scheduler_sidecar.systems.loki.policy import DropMode, LokiTask, Router
+from scheduler_sidecar.systems.loki.policy import DEFAULT_BUDGET, DEFAULT_DEQUEUE, DropMode, LokiTask, Router
 from scheduler_sidecar.systems.proteus.planner import ProteusConfig, ProteusPlanner
 from scheduler_sidecar.systems.proteus.policy import Proteus
 
@@ -55,16 +56,20 @@ class Setup:
     pipeline: Pipeline
     workers: int = 20  # §6.1: 20 GPU workers
     config: LokiConfig = field(default_factory=LokiConfig)
-    budget: str = "paper"  # a task's latency budget (:mod:`.policy`): the paper's 1 x l unless a run names another
+    budget: str = DEFAULT_BUDGET  # a task's latency budget (:mod:`.policy`): the artifact's 2 x l unless a run names another
     load_ms: float | None = None  # a variant swap's load time (digest A15); None: measured where known, else 0 (the artifact's)
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
+    fanout: str = "poisson"  # queries per child per query: "poisson" (drawn) or "mean" (the fan-out, rounded)
+    dequeue: str = DEFAULT_DEQUEUE  # what early dropping checks before a batch runs (:mod:`.policy`)
 
 
 class Fanout:
     """The simulator's result model for a pipeline: what each served query creates for the child tasks."""
 
-    def __init__(self, pipeline: Pipeline, *, split_slo: bool = False, seed: int = 0) -> None:
-        self.pipeline, self.split_slo = pipeline, split_slo
+    def __init__(self, pipeline: Pipeline, *, split_slo: bool = False, seed: int = 0, draw: str = "poisson") -> None:
+        if draw not in ("poisson", "mean"):
+            raise ValueError(f"fan-out draw must be 'poisson' or 'mean', got {draw!r}")
+        self.pipeline, self.split_slo, self.draw = pipeline, split_slo, draw
         self.depth = max(len(pipeline.chain(t.name)) for t in pipeline.leaves)
         self.rng = np.random.default_rng(seed + 7919)
         self.root: dict[int, tuple[int, int]] = {}  # follow-up id -> (its frame's id, the frame's arrival)
@@ -77,7 +82,7 @@ class Fanout:
         for q in batch.queries:
             frame, frame_arrival = self.root.get(q.id, (q.id, q.arrival_us))
             for child, mean in variant.fanout.items():
-                for _ in range(int(self.rng.poisson(mean))):
+                for _ in range(int(self.rng.poisson(mean)) if self.draw == "poisson" else round(mean)):
                     qid = new_id()
                     self.root[qid] = (frame, frame_arrival)
                     deadline = q.deadline_us
@@ -152,7 +157,7 @@ def simulate(system: System, setup: Setup, arrival_us: np.ndarray, *, initial_de
     world = World(tuple(SimWorker(DEVICE, resident=frozenset()) for _ in range(setup.workers)), seed=seed,
                   load_ms=setup.load_ms, fail_at_s=setup.fail_at_s)
     slo_us = round(pipeline.slo_ms * 1000)
-    fanout = Fanout(pipeline, split_slo=system.planner == "proteus", seed=seed)
+    fanout = Fanout(pipeline, split_slo=system.planner == "proteus", seed=seed, draw=setup.fanout)
     names = [t.name for t in pipeline.tasks]
     router = None
     if system.planner == "proteus":
@@ -166,7 +171,7 @@ def simulate(system: System, setup: Setup, arrival_us: np.ndarray, *, initial_de
     else:
         config = replace(setup.config, top_only=system.top_only)
         planner = LokiPlanner(pipeline, range(setup.workers), config, initial_demand_qps=initial_demand_qps)
-        router = Router(pipeline, system.drop, budget=setup.budget, seed=seed)
+        router = Router(pipeline, system.drop, budget=setup.budget, dequeue=setup.dequeue, seed=seed)
         policies = {t: LokiTask(pipeline, t, router, device=DEVICE) for t in names}
         deadline_us = arrival_us + slo_us
     result = Simulator(policies, world, planners=[planner], result_model=fanout).run(
@@ -194,7 +199,9 @@ def settings(name: str, system: System, setup: Setup) -> dict:
             "headroom": config.headroom, "period_s": config.period_s, "ewma_com": config.ewma_com,
             "variants": "top only" if system.top_only else "all",
             "dropping": "per task, its share of the SLO" if proteus else system.drop.value,
-            "latency_budget": "" if proteus or system.drop == DropMode.NONE else setup.budget}  # what drops use
+            "latency_budget": "" if proteus or system.drop == DropMode.NONE else setup.budget,  # what drops use
+            "before_a_batch": "" if proteus or system.drop not in (DropMode.PER_TASK, DropMode.REROUTING)
+            else setup.dequeue}
 
 
 def _proteus_config(config: LokiConfig) -> ProteusConfig:

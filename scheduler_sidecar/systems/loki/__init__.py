@@ -13,7 +13,7 @@ from scheduler_sidecar.systems.loki.data import load_pipeline
 from scheduler_sidecar.systems.loki.live import LivePlanner, LokiPipeline
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import LokiConfig
-from scheduler_sidecar.systems.loki.policy import BUDGETS, LIVE_BUDGET, DropMode
+from scheduler_sidecar.systems.loki.policy import BUDGETS, DEFAULT_BUDGET, DropMode
 
 CONFIG_KEYS = frozenset(f.name for f in fields(LokiConfig) if f.name != "top_only")
 # beside LokiConfig's: the path of a pipeline's loki.json, the replica budget S, the dropping mode, the latency
@@ -33,7 +33,7 @@ class LiveSettings:
 def _check(options: Mapping[str, Any]) -> LiveSettings:
     if "pipeline" not in options:
         raise ValueError("loki needs 'pipeline', the path of a pipeline's loki.json")
-    budget = options.get("budget", LIVE_BUDGET)
+    budget = options.get("budget", DEFAULT_BUDGET)
     if budget not in BUDGETS:
         raise ValueError(f"budget must be one of {BUDGETS}, got {budget!r}")
     pipeline = load_pipeline(str(options["pipeline"])).scaled(float(options.get("slowdown", 1.0)))

@@ -33,12 +33,12 @@ from scheduler_sidecar.core.records import Decision, Query, WorkerState
 from scheduler_sidecar.systems.bls import BlsPolicy
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import DEFAULT_CONFIG, LokiConfig, LokiPlan, LokiPlanner
-from scheduler_sidecar.systems.loki.policy import BUDGETS, LIVE_BUDGET, DropMode, budget_factors
+from scheduler_sidecar.systems.loki.policy import BUDGETS, DEFAULT_BUDGET, DropMode, budget_factors
 from scheduler_sidecar.systems.loki.routing import FRONTEND, Routing
 
 
 def bls_plan(pipeline: Pipeline, routing: Routing, *, drop: DropMode | str = DropMode.REROUTING,
-             budget: str = LIVE_BUDGET, version: int = 0) -> dict:
+             budget: str = DEFAULT_BUDGET, version: int = 0) -> dict:
     """The BLS model's plan (its module notes give the format) for the load balancer's ``routing``."""
     variant = {w: r.variant for w, r in routing.replicas.items()}
 
@@ -84,7 +84,7 @@ class LivePlanner(LokiPlanner):
     notes)."""
 
     def __init__(self, pipeline: Pipeline, instances: int, config: LokiConfig = DEFAULT_CONFIG, *,
-                 drop: DropMode | str = DropMode.REROUTING, budget: str = LIVE_BUDGET) -> None:
+                 drop: DropMode | str = DropMode.REROUTING, budget: str = DEFAULT_BUDGET) -> None:
         super().__init__(pipeline, range(instances), config)
         if budget not in BUDGETS:
             raise ValueError(f"loki: budget must be one of {BUDGETS}, got {budget!r}")

@@ -37,7 +37,8 @@ from scheduler_sidecar.systems.loki.pipeline import Path, Pipeline, StageVariant
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)  # the artifact's B (digest A8); the paper lists none
 TIME_LIMIT_S = 10.0  # the paper sets none (Gurobi, ~500 ms average, §6.5); the artifact sets none either
-HEADROOM = 1.0  # capacity planned per query of demand: the paper's 1 (the artifact's rerouting runs use 1.05)
+HEADROOM = 1.0  # capacity planned per query of demand: the paper's 1 (the controller plans with LokiConfig's)
+ARTIFACT_HEADROOM = 1.05  # the artifact's beta in its rerouting runs (1 in the others), on the fan-out only
 _TOL = 1e-6
 
 
