@@ -31,7 +31,6 @@ from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.routing import Replica, Routing, most_accurate_first
 
-
 DEFAULT_HEADROOM = 1.25  # see the module notes
 
 
