@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler_sidecar.experiments.claims import at_least, in_order, least, table
 
 
@@ -25,3 +27,14 @@ def test_in_order_and_at_least():
 def test_the_table_names_every_claim_and_marks_the_ones_that_fail():
     text = table([at_least("a", "first", "1", 2.0, 1.0), at_least("b", "second", "3", 2.0, 3.0, "x")])
     assert "| yes | first | 1 | 2 |" in text and "| **no** | second | 3 | 2x |" in text
+
+
+def test_causes_are_classed_and_counted():
+    held = at_least("a", "first", "1", 2.0, 1.0).because("inputs: never shown")
+    failed = at_least("b", "second", "3", 2.0, 3.0, "x").because("inputs: the profile is slower")
+    assert held.cause == "" and failed.cause == "inputs: the profile is slower"
+    text = table([held, failed, at_least("c", "third", "3", 1.0, 3.0)])
+    assert text.startswith("1 of 3 hold; failing, by cause: inputs 1, unexamined 1.")
+    assert "| **no** | second | 3 | 2x | inputs: the profile is slower |" in text
+    with pytest.raises(ValueError, match="cause"):
+        failed.because("a hunch")

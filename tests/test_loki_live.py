@@ -140,6 +140,9 @@ def test_the_loki_demo_answers_every_frame_and_scales_hardware_then_accuracy_in_
     assert all(float(r["best_pct"]) == 100.0 for r in before)
     assert min(best) < 50.0 and float(rows[-1]["best_pct"]) >= 85.0
     assert all(r["detectors"] for r in rows if int(r["met"]))
+    # the same frames simulated beside the live run, window by window, and the summary's verdict on the burst
+    assert all(0 <= int(r["sim_met"]) <= int(r["sent"]) for r in rows) and sum(int(r["sim_met"]) for r in rows) > 0
+    assert "Simulated beside it:" in (out / "summary.md").read_text()
 
 
 @pytest.mark.slow

@@ -5,8 +5,14 @@ changes a claim, and a test fails until the list is updated knowingly.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+
+# why a claim fails: the implementation or its settings differ from the paper's (fixed where found); the profile,
+# trace or hardware differ; the paper's own artifact or text disagrees; or not yet found (the cause says what was
+# tried)
+CAUSES = ("ours", "inputs", "the paper", "unclassified")
 
 
 @dataclass(frozen=True)
@@ -18,9 +24,16 @@ class Claim:
     paper: str  # the paper's number or order, as it states it
     ours: str  # what this run measured
     holds: bool
+    cause: str = ""  # a failing claim's class (CAUSES) and what shows it: "inputs: ..."; "" while unexamined
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "holds", bool(self.holds))  # a numpy comparison's bool_ is no JSON
+        if self.cause and self.cause.split(":")[0] not in CAUSES:
+            raise ValueError(f"a claim's cause starts with one of {CAUSES}: {self.cause!r}")
+
+    def because(self, cause: str) -> Claim:
+        """This claim with ``cause`` if it fails; a claim that holds needs none."""
+        return self if self.holds else replace(self, cause=cause)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -61,7 +74,17 @@ def at_least(id: str, statement: str, paper: str, value: float, bound: float, un
 
 
 def table(claims: Iterable[Claim]) -> str:
-    """The claims as a markdown table, the outcome first."""
-    rows = ["| holds | claim | paper | ours |", "|---|---|---|---|"]
-    rows += [f"| {'yes' if c.holds else '**no**'} | {c.statement} | {c.paper} | {c.ours} |" for c in claims]
+    """The claims as a markdown table, the outcome first; with a cause column once any failing claim has one, and
+    then a line counting the failing ones by cause."""
+    claims = list(claims)
+    if not any(c.cause for c in claims):
+        rows = ["| holds | claim | paper | ours |", "|---|---|---|---|"]
+        rows += [f"| {'yes' if c.holds else '**no**'} | {c.statement} | {c.paper} | {c.ours} |" for c in claims]
+        return "\n".join(rows)
+    failing = Counter((c.cause.split(":")[0] if c.cause else "unexamined") for c in claims if not c.holds)
+    rows = [f"{sum(c.holds for c in claims)} of {len(claims)} hold; failing, by cause: "
+            + (", ".join(f"{k} {failing[k]}" for k in (*CAUSES, "unexamined") if failing[k]) or "none") + ".", "",
+            "| holds | claim | paper | ours | cause |", "|---|---|---|---|---|"]
+    rows += [f"| {'yes' if c.holds else '**no**'} | {c.statement} | {c.paper} | {c.ours} | {c.cause} |"
+             for c in sorted(claims, key=lambda c: (c.holds, (*CAUSES, "").index(c.cause.split(":")[0])))]
     return "\n".join(rows)

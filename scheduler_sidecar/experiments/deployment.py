@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import tempfile
 import time
 import urllib.request
@@ -20,6 +21,8 @@ from typing import Any
 
 from scheduler_sidecar.processes.sidecar import SidecarServer
 from scheduler_sidecar.processes.triton_launcher import TritonServer
+
+LOADED = re.compile(r"loaded (\S+) on (\S+) in (\d+) ms")  # the sidecar's log line for a model it loaded
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ the simulated one, traces, payloads and the client's delay.
 from __future__ import annotations
 
 import argparse
-import re
 import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 
-LOADED = re.compile(r"loaded (\S+) on (\S+) in (\d+) ms")
 
 
 def gaps(result: dict, accuracy: str = "mean_serving_accuracy") -> dict:

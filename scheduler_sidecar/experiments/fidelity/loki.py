@@ -18,13 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from loadtest.traces import Trace
-from scheduler_sidecar.experiments.deployment import Device, deploy
-from scheduler_sidecar.experiments.fidelity.common import LOADED, Progress, default_trace, gaps
+from scheduler_sidecar.experiments.deployment import LOADED, Device, deploy
+from scheduler_sidecar.experiments.fidelity.common import Progress, default_trace, gaps
 from scheduler_sidecar.experiments.loki import demo as loki_demo
-from scheduler_sidecar.experiments.loki import systems
 from scheduler_sidecar.systems.loki.data import trained
-from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM, LokiConfig
-from scheduler_sidecar.systems.loki.policy import DEFAULT_BUDGET
+from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM
 
 INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling has room
 
@@ -60,11 +58,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     served = [f.answer is not None and f.answer["status"] == "served" for f in frames]
     live_sidecar = view([ok and f.sidecar_us <= slo_us for ok, f in zip(served, frames)])
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
-    arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
-    setup = systems.Setup(pipeline, workers=instances, config=LokiConfig(period_s=5.0, min_demand_qps=1.0),
-                          budget=DEFAULT_BUDGET,  # the live run's
-                          load_ms=float(np.mean(load_ms)) if load_ms else None)
-    run_ = systems.simulate(systems.SYSTEMS["loki"], setup, arrival_us, initial_demand_qps=0.0)
+    run_ = loki_demo.simulate_beside(stamp, demo, trace.arrival_s, load_ms)
     met = run_.frames.met
     simulated = {"slo_attainment": float(met.mean()),
                  "mean_serving_accuracy": float(np.nanmean(run_.frames.accuracy[met])) if met.any() else 0.0,

@@ -55,8 +55,8 @@ if TYPE_CHECKING:
     from scheduler_sidecar.core.profile import Profile
     from scheduler_sidecar.server.config import SidecarConfig
     from scheduler_sidecar.sim.results import SimResult
+from scheduler_sidecar.experiments.deployment import LOADED
 from scheduler_sidecar.experiments.fidelity.common import (
-    LOADED,
     Progress,
     client_delay_ms,
     gaps,

@@ -93,6 +93,11 @@ PAPER = {
 MAGNITUDE = 0.25  # a number of ours "matches" the paper's within this fraction of it
 # Fig. 7's order, most frame violations first (the text gives no numbers)
 FIG7_ORDER = ("no dropping", "last-task dropping", "per-task dropping", "rerouting")
+FIG7_CAUSE = ("unclassified: last-task dropping drops only a query that can no longer meet its SLO, where per-task "
+              "dropping and rerouting drop on a task's budget, crop by crop, and one dropped crop fails its frame; "
+              "checked against a second simulation from the paper's text (tests/test_loki_reference.py), which "
+              "agrees frame by frame, so the order is the rule's on this profile, not a bug; the artifact's own "
+              "figure could not be run here")
 
 
 def register(papers: argparse._SubParsersAction) -> None:
@@ -376,6 +381,10 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
         ours, paper = phases[key], p1[key]
         return Claim(f"fig1.{key}", statement, f"{paper:g}", f"{ours:g}", abs(ours - paper) <= MAGNITUDE * paper)
 
+    serial = traffic_analysis(serial=True)
+    cars = {v.id: v.fanout[CARS] for v in serial.root.variants}
+    strongest, weakest = serial.root.variants[0].id, serial.root.variants[-1].id
+    top_path = " -> ".join(t.top.id for t in serial.tasks)
     by = {r["system"]: r for r in fig5}
     loki, inferline, proteus = by["loki"], by["inferline"], by["proteus-per-task"]
     capacity = loki["effective_capacity_qps"] / max(inferline["effective_capacity_qps"], 1e-9)
@@ -384,8 +393,12 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
                  "560 < 1550 < 1765 frames/s", {k: phases[k] for k in ("hardware_end_qps", "classifier_end_qps",
                                                                        "max_qps")},
                  ("hardware_end_qps", "classifier_end_qps", "max_qps")),
-        near("hardware_end_qps", "hardware scaling ends at the paper's demand (within 25%)"),
-        near("max_gain", "accuracy scaling serves the paper's multiple of hardware scaling's demand (within 25%)"),
+        near("hardware_end_qps", "hardware scaling ends at the paper's demand (within 25%)").because(
+            f"inputs: on the authors' published profile the top variants ({top_path}) serve {phases['hardware_end_qps']:g} "
+            "frames/s on the cluster; its three device columns are one profile, so the paper's GPUs are not in it"),
+        near("max_gain", "accuracy scaling serves the paper's multiple of hardware scaling's demand (within 25%)").because(
+            f"inputs: in the authors' profile {weakest} finds {cars[weakest]:.1f} cars a frame against {strongest}'s "
+            f"{cars[strongest]:.1f}, so degrading the detector cuts the classifier's load {cars[strongest] / cars[weakest]:.1f}x"),
         Claim("fig1.milp_time", "an accuracy-scaling plan takes about the paper's time or less",
               f"~{PAPER['milp_s']:g} s (Gurobi)", f"median {phases['milp_median_s']:g} s",
               phases["milp_median_s"] <= PAPER["milp_s"]),
@@ -411,7 +424,9 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
               "about 2.67x fewer than Proteus", {s: social[s]["offpeak_workers"] for s in SYSTEMS}, "loki"),
         Claim("fig6.accuracy_sacrifice", "Loki meets the peak by giving up about the paper's accuracy (its largest "
               "drop, within 25%)", f"~{PAPER['fig6_accuracy_sacrifice']:g}%", f"{sacrifice:.2f} points",
-              abs(sacrifice - PAPER["fig6_accuracy_sacrifice"]) <= MAGNITUDE * PAPER["fig6_accuracy_sacrifice"]),
+              abs(sacrifice - PAPER["fig6_accuracy_sacrifice"]) <= MAGNITUDE * PAPER["fig6_accuracy_sacrifice"]).because(
+            "inputs: the artifact's social-media app (a detector and a captioner, no ResNet) is the only one published, "
+            "not the paper's pipeline; on it the peak costs Loki this much accuracy"),
         least("fig6.less_drop_than_proteus", "Loki drops less accuracy than Proteus-per-task (social media)",
               "up to 20% less", {s: social[s]["max_accuracy_drop"] for s in ("loki", "proteus-per-task")}, "loki"),
     ]
@@ -429,7 +444,7 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
             out.append(in_order(f"fig7.{budget}.{count}_violation_order", f"dropping modes by {count} violations, "
                                 f"no dropping the most and rerouting the fewest ({budget} budget)",
                                 " > ".join(FIG7_ORDER), {s: modes[s][key] for s in FIG7_ORDER}, FIG7_ORDER,
-                                descending=True))
+                                descending=True).because(FIG7_CAUSE))
     return out
 
 
