@@ -78,7 +78,9 @@ from scheduler_sidecar.systems.loki.policy import BUDGETS, DEFAULT_BUDGET, DEQUE
 
 TRACE_RANGE_QPS = (50.0, 425.0)  # the artifact's min-max scaling of the Azure trace
 SMOOTH_S = 10  # moving average over the per-second totals (see trace_arrivals)
-CAPACITY_LEVELS_QPS = (10, 20, 30, 40, 50, 60, 80, 100, 125, 150, 200, 250, 300, 400, 500, 650, 800, 1000)
+# finer where the systems' capacities lie on the authors' profile (InferLine about 160, Loki about 350)
+CAPACITY_LEVELS_QPS = (10, 20, 30, 40, 50, 60, 80, 100, 125, 150, 160, 170, 180, 200, 250, 300, 325, 350, 375, 400,
+                       500, 650, 800, 1000)
 MAX_VIOLATIONS = 0.01  # effective capacity: the largest demand served with at most this many violations
 WINDOW_S = 10
 PAPERS_READING = "loki (the paper's reading: headroom 1, 1 x l, checked once run)"
@@ -403,7 +405,11 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
               f"~{PAPER['milp_s']:g} s (Gurobi)", f"median {phases['milp_median_s']:g} s",
               phases["milp_median_s"] <= PAPER["milp_s"]),
         at_least("fig5.capacity_over_inferline", "Loki's effective capacity over InferLine's",
-                 f"{PAPER['fig5_capacity_over_inferline']:g}x", capacity, PAPER["fig5_capacity_over_inferline"], "x"),
+                 f"{PAPER['fig5_capacity_over_inferline']:g}x", capacity, PAPER["fig5_capacity_over_inferline"], "x"
+                 ).because(f"unclassified: Loki meets the 1% bar up to {loki['effective_capacity_qps']:g} frames/s "
+                           f"though its plans serve {phases['max_qps']:g} (Fig. 1); InferLine up to "
+                           f"{inferline['effective_capacity_qps']:g}; what bounds Loki's data path there is not yet "
+                           "found (dropping on the task budgets, the rest of a 20 s run's start-up)"),
         least("fig5.fewer_violations_than_proteus", "Loki has fewer violations than Proteus-per-task",
               "up to 10x fewer", {"loki": loki["violation_ratio"], "proteus-per-task": proteus["violation_ratio"]},
               "loki"),
@@ -433,11 +439,17 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
     if len(fig8) > 1:
         slos = {f"{r['slo_ms']:g} ms": r["violation_ratio"] for r in fig8}
         out.append(in_order("fig8.violations_fall", "violations fall as the SLO grows", "sharply over the first "
-                            "50 ms steps, then less", slos, list(slos), descending=True))
+                            "50 ms steps, then less", slos, list(slos), descending=True).because(
+            "unclassified: a longer SLO lets hardware scaling plan larger batches on fewer workers (the MILP spends "
+            "the slack on workers, not on margin), so the violations need not fall past the first steps; not yet "
+            "measured against the artifact"))
         drops = {f"{r['slo_ms']:g} ms": r["max_accuracy_drop"] for r in fig8}
         out.append(in_order("fig8.drop_falls", "the maximum accuracy drop falls as the SLO grows",
                             "replicas and batches first, accuracy only when the SLO is tight", drops, list(drops),
-                            descending=True))
+                            descending=True).because(
+            "inputs: on the authors' profile hardware scaling serves about 136-160 frames/s on 20 workers at headroom "
+            "1.25 whatever the SLO from 150 to 400 ms (the MILP, measured), and the trace peaks at 425, so every SLO "
+            "scales accuracy at the peak by about as much (its plans there: 92.7% at 150 ms, 93.2% at 400)"))
     for budget in BUDGETS:
         modes = {r["system"]: r for r in fig7 if r["budget"] == budget}
         for key, count in (("violation_ratio", "frame"), ("query_violation_ratio", "query")):
