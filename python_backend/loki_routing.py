@@ -70,7 +70,9 @@ def next_hop(mode: str, overrun_ms: float, routed_ms: float | None, backups: Ite
 
 def expiring(waited: float, execution: float, budget: float) -> bool:
     """The artifact's check before a batch runs (per-task and rerouting): a query that has waited ``waited`` at its
-    task and would then run ``execution`` overruns the task's latency ``budget`` (any one unit)."""
+    task and would then run ``execution`` overruns the task's latency ``budget`` (any one unit). The simulator's
+    task policies apply it where asked (``dequeue="artifact"``); the BLS model runs its stages back to back, with
+    no queue between them to check."""
     return waited + execution > budget
 
 

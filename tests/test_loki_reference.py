@@ -163,3 +163,18 @@ def test_ours_drops_only_frames_the_papers_check_loses():
     assert not paper.met[ours.dropped].any()
     assert not (paper.met & ~ours.met).any()
     assert ours.met.sum() > paper.met.sum()
+
+
+def test_the_check_before_a_batch_charges_only_the_branches_a_variant_feeds():
+    """The lower bound the check uses: the fastest classifier at batch 1 after a detector that finds objects, nothing
+    after one that finds none (a query of it may have made its SLO however late it ran)."""
+    from dataclasses import replace
+
+    from scheduler_sidecar.systems.loki.policy import fastest_rest_ms
+
+    pipeline = project()
+    det = pipeline.task("det")
+    blind = replace(det.variants[1], fanout={"cls": 0.0})
+    pipeline = replace(pipeline, tasks=(replace(det, variants=(det.variants[0], blind)), pipeline.task("cls")))
+    assert fastest_rest_ms(pipeline, "det-big") == 4.0  # cls-small at batch 1
+    assert fastest_rest_ms(pipeline, "det-small") == 0.0 and fastest_rest_ms(pipeline, "cls-big") == 0.0

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
     sim = simulate_beside(stamp, args, arrival_s, load_ms).frames
     window = (sim.arrival_us // round(args.window_s * 1e6)).astype(np.int64)
-    met = np.bincount(window[sim.met], minlength=len(rows) + 1)
+    met = np.bincount(window[sim.met], minlength=max(round(r["window_s"] / args.window_s) for r in rows) + 1)
     for r in rows:
         r["sim_met"] = int(met[round(r["window_s"] / args.window_s)])
     write(out, rows, args)

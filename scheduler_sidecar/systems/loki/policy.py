@@ -27,11 +27,11 @@ model applies live.
 
 A task's latency budget (``budget``, digest A9) is its variant's batch latency l at the planned batch size
 times a factor: ``paper`` 1 (§4.2: "the execution time of a model variant with the configured batch size"),
-``artifact`` 2 (the artifact's 2 x l, matching the halved SLO; the default, see DEFAULT_BUDGET), or ``proportional`` (our variant):
-SLO / (the largest sum of l along a planned path through the task), so the budgets along the tightest path add
-up to the SLO. With the paper's factor nearly every query that waited at all overruns; with
-the artifact's, a frame that waited one batch at a detector planned at batch 1 is dropped though the path
-had SLO to spare (measured in ``accscale reproduce loki``'s ablation).
+``artifact`` 2 (the artifact's 2 x l, matching the halved SLO; the default, see DEFAULT_BUDGET), or
+``proportional`` (our variant): SLO / (the largest sum of l along a planned path through the task), so the budgets
+along the tightest path add up to the SLO. With the paper's factor nearly every query that waited at all overruns;
+with the artifact's, one that waited longer than a batch has (measured in ``accscale reproduce loki``'s Figs. 5
+and 7).
 
 A dropped query's frame is an SLO violation (§6.1).
 """
@@ -67,9 +67,12 @@ DEQUEUES = ("none", "hopeless", "artifact")
 # - ``none``, the paper's text: a query is checked only once it has run at its task, so a backlog built in a
 #   burst is served to its end, nearly every query of it already late.
 # - ``hopeless`` (ours, the default): a query that can no longer meet its frame's SLO, even if it ran now and every
-#   task after it ran its fastest variant at batch 1 with no wait, is dropped before it runs. It is a violation
-#   whatever Loki does; dropping it frees the worker for queries that can still make it, the aim the paper gives
-#   early dropping (§5.2). It never drops a query that could meet its SLO.
+#   task after it that its variant sends queries to ran its fastest variant at batch 1 with no wait, is dropped
+#   before it runs. It is a violation whatever Loki does; dropping it frees the worker for queries that can still
+#   make it, the aim the paper gives early dropping (§5.2). The one query it can drop that could have made it is
+#   one that would have created no query downstream (a frame with no objects), which no check can know before it
+#   runs. Live, the sidecar makes the same check for a frame before the pipeline's BLS model runs (with the
+#   pipeline's slowest path, BlsPolicy's late-query drop); the BLS model makes none between its stages.
 # - ``artifact``, the artifact's pop_while_first_expires: a query at the head of the queue that would end past its
 #   task's budget (waited + l > budget) is dropped, unless (rerouting) a faster backup downstream can absorb the
 #   overrun.
@@ -97,11 +100,14 @@ class Hop:
     rerouted: bool = False
 
 
-def fastest_rest_ms(pipeline: Pipeline, task: str) -> float:
-    """The least time a query of ``task`` still needs once it has run: every task after it on its slowest branch at
-    its fastest variant, batch 1, no wait (the ``hopeless`` check's lower bound)."""
-    return max((min(v.batch_ms(1) for v in pipeline.task(c).variants) + fastest_rest_ms(pipeline, c)
-                for c in pipeline.task(task).children), default=0.0)
+def fastest_rest_ms(pipeline: Pipeline, variant: str) -> float:
+    """The least time a query of ``variant`` still needs once it has run, if it creates queries downstream: every
+    task after it that it (then they) send queries to, at that task's fastest variant, batch 1, no wait; the slowest
+    such branch (the ``hopeless`` check's lower bound)."""
+    def rest(v) -> float:
+        return max((min(c.batch_ms(1) + rest(c) for c in pipeline.task(child).variants)
+                    for child, mean in v.fanout.items() if mean > 0), default=0.0)
+    return rest(pipeline.variant(variant))
 
 
 def budget_factors(pipeline: Pipeline, routing: Routing, budget: str) -> dict[str, float]:
@@ -226,7 +232,7 @@ class LokiTask(Policy):
         self.leaf = not self.task.children
         self.variants = {v.id for v in self.task.variants}
         self.max_batch = max(b for v in self.task.variants for b in v.latency.batch_sizes)
-        self._rest_us = round(fastest_rest_ms(pipeline, task) * 1000)
+        self._rest_us = {v.id: round(fastest_rest_ms(pipeline, v.id) * 1000) for v in self.task.variants}
 
     # ------------------------------------------------------------------ routing and early dropping
     def observe_plan(self, now_us: int, plan: Plan) -> None:
@@ -322,7 +328,7 @@ class LokiTask(Policy):
                 for q in mine.scan():
                     if self.router.dequeue == "hopeless":  # the batch it would run in now, then the fastest rest
                         ms = latency.p50_at(min(len(mine) - late, planned))
-                        if now_us + round(ms * 1000) + self._rest_us <= q.deadline_us:
+                        if now_us + round(ms * 1000) + self._rest_us[variant] <= q.deadline_us:
                             break
                     elif not expiring(now_us - q.arrival_us, batch_us, budget_us) or \
                             self.router.absorbs(w.id, self.task.name, now_us - q.arrival_us + batch_us - budget_us):
