@@ -110,6 +110,10 @@ def test_a_pipeline_run_honours_slo_ms_and_refuses_too_few_workers_in_one_line(t
         assert main([*base, "--workers", "6", *extra]) == 0
         slo[tuple(extra)] = json.loads(capsys.readouterr().out)["slo_ms"]
     assert slo == {(): 250.0, ("--slo-ms", "400"): 400.0}
+    # the paper's reading, named: its budget and its check once a query has run
+    assert main([*base, "--workers", "6", "--budget", "paper", "--dequeue", "none"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["budget"], summary["dequeue"]) == ("paper", "none")
     assert main([*base, "--workers", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("accscale simulate: error: loki: 2 workers cannot hold one replica of each of the pipeline's 3 "

@@ -17,6 +17,7 @@ from scheduler_sidecar.sim.simulator import SimConfig, Simulator
 from scheduler_sidecar.systems import make_policy, option_names, policies, policy_class
 from scheduler_sidecar.systems.loki.data import load_pipeline
 from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM, LokiConfig
+from scheduler_sidecar.systems.loki.policy import BUDGETS, DEFAULT_BUDGET, DEFAULT_DEQUEUE, DEQUEUES
 from scheduler_sidecar.systems.ramsis.model_table import load_summary_csv, to_profile
 from scheduler_sidecar.systems.superserve.optimal import solve_optimal
 
@@ -91,6 +92,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lk.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
                     help=f"capacity planned per frame of demand (default: {DEFAULT_HEADROOM:g}; the paper: 1; bursty "
                          "traces need more)")
+    lk.add_argument("--budget", choices=BUDGETS, default=DEFAULT_BUDGET,
+                    help=f"a task's latency budget: paper (1 x l), artifact (2 x l), proportional (ours) (default: "
+                         f"{DEFAULT_BUDGET})")
+    lk.add_argument("--dequeue", choices=DEQUEUES, default=DEFAULT_DEQUEUE,
+                    help=f"what early dropping also checks before a batch runs: none (the paper's), hopeless (ours: "
+                         f"a query that can no longer meet its SLO), artifact (its task's budget) (default: "
+                         f"{DEFAULT_DEQUEUE})")
     p.add_argument("--dynamics-csv", type=Path, help="write per-second dynamics (ingest, accuracy, batch, attainment)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -159,10 +167,13 @@ def _pipeline(args: argparse.Namespace) -> int:
         pipeline = dataclasses.replace(pipeline, slo_ms=args.slo_ms)
     arrival_us, _ = load_queries(args.trace, pipeline.slo_ms)
     first_s = arrival_us[arrival_us < 10_000_000]
-    run_ = simulate(systems[args.system], Setup(pipeline, args.workers, LokiConfig(headroom=args.headroom)),
+    setup = Setup(pipeline, args.workers, LokiConfig(headroom=args.headroom), budget=args.budget,
+                  dequeue=args.dequeue)
+    run_ = simulate(systems[args.system], setup,
                     arrival_us, initial_demand_qps=len(first_s) / 10.0, seed=args.seed)
     summary = {"pipeline": pipeline.name, "system": args.system, "workers": args.workers, "slo_ms": pipeline.slo_ms,
-               "headroom": args.headroom, **metrics(run_), "plans": len(run_.plans)}
+               "headroom": args.headroom, "budget": args.budget, "dequeue": args.dequeue, **metrics(run_),
+               "plans": len(run_.plans)}
     print(json.dumps(summary) if args.json else
           "\n".join(f"{k:>24}: {round(v, 4) if isinstance(v, float) else v}" for k, v in summary.items()))
     return 0
