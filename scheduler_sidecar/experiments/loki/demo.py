@@ -142,9 +142,9 @@ def run(args: argparse.Namespace) -> int:
     load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
     sim = simulate_beside(stamp, args, arrival_s, load_ms).frames
     window = (sim.arrival_us // round(args.window_s * 1e6)).astype(np.int64)
-    met = np.bincount(window[sim.met], minlength=max(round(r["window_s"] / args.window_s) for r in rows) + 1)
+    met = Counter(window[sim.met].tolist())
     for r in rows:
-        r["sim_met"] = int(met[round(r["window_s"] / args.window_s)])
+        r["sim_met"] = met[round(r["window_s"] / args.window_s)]
     write(out, rows, args)
     return 0
 

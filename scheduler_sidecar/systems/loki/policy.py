@@ -319,22 +319,10 @@ class LokiTask(Policy):
                 next((v.id for v in self.task.variants if w.holds(v.id)), None)
             if variant is None:
                 continue  # its model is still loading
+            planned = replica.batch if replica is not None and replica.variant == variant else 1
             late = 0
             if self.router.drops_at_dequeue:  # before the batch runs (DEFAULT_DEQUEUE)
-                batch_us = round(self.router.batch_ms(w.id, variant) * 1000)
-                budget_us = self.router.budget_us(w.id, variant)
-                latency = self.pipeline.variant(variant).latency
-                planned = replica.batch if replica is not None and replica.variant == variant else 1
-                for q in mine.scan():
-                    if self.router.dequeue == "hopeless":  # the batch it would run in now, then the fastest rest
-                        ms = latency.p50_at(min(len(mine) - late, planned))
-                        if now_us + round(ms * 1000) + self._rest_us[variant] <= q.deadline_us:
-                            break
-                    elif not expiring(now_us - q.arrival_us, batch_us, budget_us) or \
-                            self.router.absorbs(w.id, self.task.name, now_us - q.arrival_us + batch_us - budget_us):
-                        break
-                    late += 1
-                dropped.extend(q.id for q in mine.head(late))
+                late = self._lost_before_running(now_us, mine, w.id, variant, planned)
             elif self.router.drop is DropMode.LAST_TASK and self.leaf:
                 batch_us = round(self.pipeline.variant(variant).batch_ms(
                     replica.batch if replica is not None else 1) * 1000)
@@ -342,8 +330,8 @@ class LokiTask(Policy):
                     if not too_late(q.deadline_us - now_us, batch_us):
                         break
                     late += 1
-                dropped.extend(q.id for q in mine.head(late))
-            size = min(len(mine) - late, replica.batch if replica is not None and replica.variant == variant else 1)
+            dropped.extend(q.id for q in mine.head(late))
+            size = min(len(mine) - late, planned)
             if not size:
                 continue
             batch = mine.head(late + size)[late:]
@@ -352,6 +340,29 @@ class LokiTask(Policy):
                     self.router.ran(q, w.id, variant)
             dispatches.append(Dispatch(w.id, variant, tuple(q.id for q in batch)))
         return Decision(tuple(dispatches), tuple(dropped))
+
+    def _lost_before_running(self, now_us: int, mine: QueueView, worker_id: int, variant: str, planned: int) -> int:
+        """How many queries at the head of ``mine`` the check before a batch drops (see DEQUEUES): ``hopeless``, those
+        that would end past their frame's deadline in the batch they would run in now and the fastest rest of their
+        path; ``artifact``, those that would overrun their task's budget, unless a faster backup absorbs it."""
+        late = 0
+        if self.router.dequeue == "hopeless":
+            latency = self.pipeline.variant(variant).latency
+            for q in mine.scan():
+                ms = latency.p50_at(min(len(mine) - late, planned))
+                if now_us + round(ms * 1000) + self._rest_us[variant] <= q.deadline_us:
+                    break
+                late += 1
+            return late
+        batch_us = round(self.router.batch_ms(worker_id, variant) * 1000)
+        budget_us = self.router.budget_us(worker_id, variant)
+        for q in mine.scan():
+            waited = now_us - q.arrival_us
+            if not expiring(waited, batch_us, budget_us) or \
+                    self.router.absorbs(worker_id, self.task.name, waited + batch_us - budget_us):
+                break
+            late += 1
+        return late
 
     def observe_completion(self, now_us: int, records: Sequence[QueryRecord]) -> None:
         self.router.completed(records)
