@@ -31,7 +31,9 @@ PLAN = {
     "tables": {"frontend": {"detect": [["loki_detect_cc", 1.0]]},
                "loki_detect_cc": {"digits": [["loki_digits_w16", 1.0]], "shapes": [["loki_shapes_cnn", 1.0]]}},
     "budget_ms": {"loki_detect_cc": 50.0},
-    "exec_ms": {"loki_digits_w16": 40.0, "loki_digits_w4": 5.0, "loki_shapes_cnn": 40.0, "loki_shapes_linear": 5.0},
+    # the routed classifiers take 100 ms, the backups 5: a hop over its budget by up to 95 ms (the scripted overrun
+    # and the BLS's own time, which a loaded machine stretches) fits a backup
+    "exec_ms": {"loki_digits_w16": 100.0, "loki_digits_w4": 5.0, "loki_shapes_cnn": 100.0, "loki_shapes_linear": 5.0},
     "batch": {"loki_detect_cc": 32, "loki_digits_w16": 32, "loki_digits_w4": 32, "loki_shapes_cnn": 32,
               "loki_shapes_linear": 32},
     "instances": {"loki_detect_cc": 1, "loki_digits_w16": 1, "loki_digits_w4": 1, "loki_shapes_cnn": 1,
@@ -100,10 +102,11 @@ def _outcomes(answer: dict, kind: int) -> Counter:
     return Counter((o["outcome"], o["model"]) for o in answer["objects"] if o["kind"] == kind)
 
 
-@pytest.mark.parametrize("delay_ms, expected", [(0, "table"), (70, "rerouted"), (110, "dropped")])
+@pytest.mark.parametrize("delay_ms, expected", [(0, "table"), (70, "rerouted"), (160, "dropped")])
 def test_a_hop_is_rerouted_exactly_when_it_overran_and_a_backup_fits(server, frames, delay_ms, expected):
-    """Budget 50 ms at the detector; the routed classifier takes 40 ms, the backup 5: an overrun x of 20-30 ms
-    leaves 10-20 ms, which the backup fits; 60 ms or more leaves nothing."""
+    """Budget 50 ms at the detector; the routed classifier takes 100 ms, the backup 5: an overrun x of 20 ms and the
+    BLS's own time (under 75 ms however loaded the machine) leaves room the backup fits; 110 ms or more leaves
+    nothing. With 40 ms routed, the BLS's own time had to stay under 15 ms: a loaded run once dropped instead."""
     answers = []
     for frame in frames[:6]:  # one frame per request: each hop's delay is that frame's own
         answers += _send(server, frame[None], loki_plan=PLAN, detect_delay_ms=delay_ms)
