@@ -68,6 +68,14 @@ def test_reproduce_loki_writes_every_figure(tmp_path, capsys):
     assert fig5[PAPERS_READING]["violation_ratio"] > fig5["loki"]["violation_ratio"]
     assert [r["system"] for r in result["fig6"]] == list(SYSTEMS)
     assert {(r["system"], r["budget"]) for r in result["fig7"]} == {(s, b) for s in ABLATIONS for b in BUDGETS}
+    # a dropped frame compared with last-task dropping's outcome for it: last-task dropping never meets a frame it
+    # dropped, no dropping drops none, and no mode counts more than it dropped
+    for row in result["fig7"]:
+        assert 0 <= row["dropped_met_by_last_task"] <= row["dropped_frames"]
+        if row["system"] in ("no dropping", "last-task dropping"):
+            assert row["dropped_met_by_last_task"] == 0
+    capacity = {r["system"]: r for r in result["fig5"]}["loki"]
+    assert capacity["capacity_at_5pct_qps"] >= capacity["effective_capacity_qps"]  # the looser bar serves as much
     held = {c["id"]: c for c in result["claims"]}
     assert {k: c["holds"] for k, c in held.items() if k not in TIMED} == CLAIMS
     # a solve time is the machine's and its load's: the claim must say what its own numbers say, whichever way

@@ -52,6 +52,7 @@ from scheduler_sidecar.experiments.claims import Claim, at_least, in_order, leas
 from scheduler_sidecar.experiments.loki.systems import (
     ABLATIONS,
     SYSTEMS,
+    FrameOutcomes,
     Run,
     Setup,
     System,
@@ -82,6 +83,9 @@ SMOOTH_S = 10  # moving average over the per-second totals (see trace_arrivals)
 CAPACITY_LEVELS_QPS = (10, 20, 30, 40, 50, 60, 80, 100, 125, 150, 160, 170, 180, 200, 250, 300, 325, 350, 375, 400,
                        500, 650, 800, 1000)
 MAX_VIOLATIONS = 0.01  # effective capacity: the largest demand served with at most this many violations
+# The paper leaves "effective capacity" undefined (its §6.2 gives only the ratio); the sweep also reports the
+# capacity at this looser bar, so a reader sees how much the 2.5x claim rests on the bar chosen
+LOOSE_VIOLATIONS = 0.05
 WINDOW_S = 10
 PAPERS_READING = "loki (the paper's reading: headroom 1, 1 x l, checked once run)"
 PAPER = {
@@ -163,8 +167,9 @@ def run(args: argparse.Namespace) -> int:
     capacity = {name: effective_capacity(system, setup, args.capacity_s, args.seed, args.levels)
                 for name, system in SYSTEMS.items()}
     for row in fig5:
-        best, ratios = capacity.get(row["system"], ("", {}))
-        row["effective_capacity_qps"] = best
+        best, ratios = capacity.get(row["system"], ({}, {}))
+        row["effective_capacity_qps"] = best.get(MAX_VIOLATIONS, "")
+        row["capacity_at_5pct_qps"] = best.get(LOOSE_VIOLATIONS, "")
         row["violations_by_demand"] = " ".join(f"{q}:{v}" for q, v in ratios.items())
     progress("fig6: the same systems on the social-media pipeline")
     fig6, series6 = social_media_run(replace(setup, pipeline=social_media()), arrival_us, per_second, initial,
@@ -245,19 +250,22 @@ def poisson_seconds(rates: np.ndarray, seed: int) -> np.ndarray:
 
 
 def effective_capacity(system: System, setup: Setup, seconds: float, seed: int,
-                       levels: tuple[int, ...] = CAPACITY_LEVELS_QPS) -> tuple[float, dict[int, float]]:
-    """The largest constant demand of ``levels`` served with at most MAX_VIOLATIONS violations (0 if none
-    is), and the violation ratio at each level. Levels after three misses in a row are not tried: the system is
-    past its capacity (a single miss below it is a burst a small plan did not absorb)."""
-    best, misses, ratios = 0.0, 0, {}
+                       levels: tuple[int, ...] = CAPACITY_LEVELS_QPS) -> tuple[dict[float, float], dict[int, float]]:
+    """Per bar (MAX_VIOLATIONS and LOOSE_VIOLATIONS), the largest constant demand of ``levels`` served with at most
+    that share of frames violated (0 if none is), and the violation ratio at each level tried. A bar stops rising
+    after three misses in a row: the system is past its capacity there (a single miss below it is a burst a small
+    plan did not absorb); the sweep ends when the loosest bar has stopped."""
+    bars = (MAX_VIOLATIONS, LOOSE_VIOLATIONS)
+    best, misses, ratios = dict.fromkeys(bars, 0.0), dict.fromkeys(bars, 0), {}
     for qps in levels:
         arrivals = poisson_seconds(np.full(int(seconds), float(qps)), seed)
         m = metrics(simulate(system, setup, arrivals, initial_demand_qps=qps, seed=seed))
         ratios[qps] = round(m["violation_ratio"], 4)
-        misses = misses + 1 if m["violation_ratio"] > MAX_VIOLATIONS else 0
-        if not misses:
-            best = float(qps)
-        elif misses == 3:
+        for bar in bars:
+            if misses[bar] < 3:
+                misses[bar] = misses[bar] + 1 if m["violation_ratio"] > bar else 0
+                best[bar] = float(qps) if not misses[bar] else best[bar]
+        if misses[LOOSE_VIOLATIONS] == 3:
             break
     return best, ratios
 
@@ -338,20 +346,28 @@ def _top_paths(pipeline: Pipeline) -> list[tuple[str, ...]]:
 # ---------------------------------------------------------------------- Fig. 7
 def ablation(setup: Setup, planned_qps: float, seconds: float, seeds: tuple[int, ...]) -> list[dict]:
     """Each dropping mode under each latency budget, under one plan made for ``planned_qps`` and kept, with
-    per-second demand drawn from 1.0-1.3x of it."""
+    per-second demand drawn from 1.0-1.3x of it. Every mode of a seed sees the same arrivals, so a mode's dropped
+    frames are compared one by one with last-task dropping's outcome for them (``dropped_met_by_last_task``)."""
     static = replace(setup, config=replace(setup.config, period_s=1e9, change_threshold=float("inf")))
     rows = []
-    for (label, system), budget in ((pair, budget) for budget in BUDGETS for pair in ABLATIONS.items()):
-        runs = []
-        for seed in seeds:
-            rates = np.random.default_rng(100 + seed).uniform(1.0, 1.3, int(seconds)) * planned_qps
-            r = simulate(system, replace(static, budget=budget), poisson_seconds(rates, seed),
-                         initial_demand_qps=planned_qps, seed=seed)
-            runs.append(metrics(r))
-        rows.append({"system": label, "budget": budget,
-                     **{k: round(float(np.mean([m[k] for m in runs])), 4)
-                        for k in ("violation_ratio", "query_violation_ratio", "accuracy", "dropped_frames", "rerouted")},
-                     "violation_ratio_per_seed": " ".join(f"{m['violation_ratio']:.4f}" for m in runs)})
+    for budget in BUDGETS:
+        runs: dict[str, list[tuple[dict, FrameOutcomes]]] = {}  # per mode and seed: metrics, frames
+        for label, system in ABLATIONS.items():
+            for seed in seeds:
+                rates = np.random.default_rng(100 + seed).uniform(1.0, 1.3, int(seconds)) * planned_qps
+                r = simulate(system, replace(static, budget=budget), poisson_seconds(rates, seed),
+                             initial_demand_qps=planned_qps, seed=seed)
+                runs.setdefault(label, []).append((metrics(r), r.frames))
+        last = [frames for _, frames in runs["last-task dropping"]]
+        for label, mine in runs.items():
+            found = [m for m, _ in mine]
+            rescued = [int(np.count_nonzero(f.dropped & other.met)) for (_, f), other in zip(mine, last)]
+            rows.append({"system": label, "budget": budget,
+                         **{k: round(float(np.mean([m[k] for m in found])), 4)
+                            for k in ("violation_ratio", "query_violation_ratio", "accuracy", "dropped_frames",
+                                      "rerouted")},
+                         "dropped_met_by_last_task": round(float(np.mean(rescued)), 1),
+                         "violation_ratio_per_seed": " ".join(f"{m['violation_ratio']:.4f}" for m in found)})
     return rows
 
 
@@ -418,10 +434,7 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
               phases["milp_median_s"] <= PAPER["milp_s"]),
         at_least("fig5.capacity_over_inferline", "Loki's effective capacity over InferLine's",
                  f"{PAPER['fig5_capacity_over_inferline']:g}x", capacity, PAPER["fig5_capacity_over_inferline"], "x"
-                 ).because(f"unclassified: Loki meets the 1% bar up to {loki['effective_capacity_qps']:g} frames/s "
-                           f"though the MILP serves up to {phases['max_qps']:g} (Fig. 1, at headroom 1); InferLine up to "
-                           f"{inferline['effective_capacity_qps']:g}; what bounds Loki's data path there is not yet "
-                           "found (dropping on the task budgets, the rest of a 20 s run's start-up)"),
+                 ).because(_capacity_cause(loki, inferline)),
         least("fig5.fewer_violations_than_proteus", "Loki has fewer violations than Proteus-per-task",
               "up to 10x fewer", {"loki": loki["violation_ratio"], "proteus-per-task": proteus["violation_ratio"]},
               "loki"),
@@ -468,23 +481,44 @@ def claims(phases: dict, fig5: list[dict], fig6: list[dict], fig7: list[dict], f
             out.append(in_order(f"fig7.{budget}.{count}_violation_order", f"dropping modes by {count} violations, "
                                 f"no dropping the most and rerouting the fewest ({budget} budget)",
                                 " > ".join(FIG7_ORDER), {s: modes[s][key] for s in FIG7_ORDER}, FIG7_ORDER,
-                                descending=True).because(_fig7_cause(modes)))
+                                descending=True).because(_fig7_cause(budget, modes)))
     return out
 
 
-def _fig7_cause(modes: dict[str, dict]) -> str:
-    """Why Fig. 7's order fails on this run: in how many of its seeds the order holds, and the spread between seeds
+def _capacity_cause(loki: dict, inferline: dict) -> str:
+    """Why Loki's capacity over InferLine's falls short at the 1% bar: how flat Loki's violations are past it, and
+    the ratio at the looser bar. "The paper" when the looser bar meets the paper's ratio: the claim then rests on a
+    definition the paper does not give."""
+    ratios = {float(q): float(v) for q, v in (x.split(":") for x in str(loki["violations_by_demand"]).split())}
+    low, high = loki["effective_capacity_qps"], loki["capacity_at_5pct_qps"]
+    plateau = [v for q, v in ratios.items() if low <= q <= high] or [0.0]
+    loose = high / max(inferline["capacity_at_5pct_qps"], 1e-9)
+    cause = "the paper" if loose >= PAPER["fig5_capacity_over_inferline"] else "unclassified"
+    return (f"{cause}: the paper does not define effective capacity; from {low:g} to {high:g} frames/s Loki violates "
+            f"{min(plateau):.1%}-{max(plateau):.1%} of frames, a plateau (Poisson bursts against plans at their "
+            f"latency limit, not a cliff) that the 1% bar cuts; at a {LOOSE_VIOLATIONS:.0%} bar Loki serves {high:g} "
+            f"frames/s, {loose:.2f}x InferLine's {inferline['capacity_at_5pct_qps']:g}")
+
+
+def _fig7_cause(budget: str, modes: dict[str, dict]) -> str:
+    """Why Fig. 7's order fails on this run. Under the paper's budget: the modes that check a stage's budget violate
+    more than no dropping at all. Otherwise: in how many of its seeds the order holds, and the spread between seeds
     against the gaps between the modes."""
+    kept, dropping = modes["no dropping"]["violation_ratio"], modes["per-task dropping"]["violation_ratio"]
+    if budget == "paper" and dropping > kept:
+        return (f"the paper: its text's budget (1 x l) is overrun by any query that waits behind a batch, so per-task "
+                f"dropping violates {dropping:.1%} of frames and rerouting {modes['rerouting']['violation_ratio']:.1%}"
+                f", against {kept:.1%} with no dropping; the authors' artifact budgets 2 x l (the other rows)")
     seeds = {s: [float(x) for x in modes[s]["violation_ratio_per_seed"].split()] for s in FIG7_ORDER}
     n = len(seeds[FIG7_ORDER[0]])
     holds = sum(all(seeds[a][i] >= seeds[b][i] for a, b in zip(FIG7_ORDER, FIG7_ORDER[1:])) for i in range(n))
-    spread = max(max(v) - min(v) for v in seeds.values())
-    gap = max(modes[s]["violation_ratio"] for s in FIG7_ORDER[1:]) - min(modes[s]["violation_ratio"]
-                                                                          for s in FIG7_ORDER[1:])
-    return (f"unclassified: the paper's frame order holds in {holds} of {n} seeds; a mode's violations move by up to "
-            f"{spread:.3f} between seeds, the modes that drop differ by {gap:.3f}; a second simulation from the "
-            "paper's text agrees with ours frame by frame (tests/test_loki_reference.py); the artifact's figure "
-            "could not be run here")
+    per_task, rerouting = modes["per-task dropping"], modes["rerouting"]
+    return (f"unclassified: the order holds in {holds} of {n} seeds. Per-task dropping drops "
+            f"{per_task['dropped_frames']:g} frames a run, {per_task['dropped_met_by_last_task']:g} of which last-task "
+            "dropping meets on the same arrivals (late at a stage, they would have caught up: the paper's own caveat, "
+            f"§5.2); rerouting moves {rerouting['rerouted']:g} crops yet drops {rerouting['dropped_frames']:g} frames, "
+            "since one crop no backup takes fails its frame. How often a late frame catches up depends on the "
+            "workload of the paper's Fig. 7, which is not published; the authors' profile is used here")
 
 
 def _plot_series(path: Path, series: dict, title: str) -> None:
@@ -521,8 +555,9 @@ def _summary(fig1: list[dict], phases: dict, fig5: list[dict], fig6: list[dict],
         markdown_table(compared, list(compared[0])),
         "## Fig. 5: against InferLine and Proteus-per-task on a bursty trace (detector -> cars, faces)",
         markdown_table(fig5, ["system", "violation_ratio", "accuracy", "peak_violation_ratio", "offpeak_workers",
-                              "effective_capacity_qps", "dropped_frames", "rerouted", "plans"]),
-        "Effective capacity: the largest constant demand with at most 1% of frames late or dropped. A frame counts "
+                              "effective_capacity_qps", "capacity_at_5pct_qps", "dropped_frames", "rerouted", "plans"]),
+        "Effective capacity: the largest constant demand with at most 1% of frames late or dropped (the paper does "
+        "not define it; `capacity_at_5pct_qps` is the same at 5%). A frame counts "
         "as met only if every query it created (one per detected object) is answered within the SLO; "
         "`query_violation_ratio` in fig5.csv is the per-query view the artifact counts.",
         f"## Fig. 6: the social-media pipeline (source -> detector, captioner; SLO {SOCIAL_MEDIA_SLO_MS:g} ms)",
@@ -532,7 +567,7 @@ def _summary(fig1: list[dict], phases: dict, fig5: list[dict], fig6: list[dict],
         "lowest rate.",
         "## Fig. 7: the load balancer's dropping modes",
         markdown_table(fig7, ["system", "budget", "violation_ratio", "query_violation_ratio", "accuracy",
-                              "dropped_frames", "rerouted", "violation_ratio_per_seed"]),
+                              "dropped_frames", "dropped_met_by_last_task", "rerouted", "violation_ratio_per_seed"]),
         "## Fig. 8: Loki's SLO sensitivity",
         markdown_table(fig8, ["slo_ms", "violation_ratio", "accuracy", "max_accuracy_drop"]),
     ]) + "\n"
