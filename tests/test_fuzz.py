@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from scheduler_sidecar.processes.sidecar import SidecarServer
 from scheduler_sidecar.server.grpc_frontend import ERROR_METADATA
-from tests.test_sidecar import metric, metrics
+from tests.test_sidecar import EDGES, metric, metrics
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
@@ -45,13 +45,13 @@ CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, gr
                  grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
-@pytest.fixture(scope="module")
-def sidecar(fast_build, triton, tmp_path_factory):
+@pytest.fixture(scope="module", params=EDGES)
+def sidecar(fast_build, triton, tmp_path_factory, request):
     config = tmp_path_factory.mktemp("fuzz") / "sidecar.toml"
     config.write_text(f"max_request_bytes = {LIMIT}\nread_timeout_s = {READ_TIMEOUT_S}\n"
                       f"idle_timeout_s = {IDLE_TIMEOUT_S}\n\n[[models]]\nname = \"digits\"\n"
                       f"profile = \"{fast_build.profile_path}\"\n")
-    with SidecarServer(workers=[triton.grpc_url], config=config) as server:
+    with SidecarServer(workers=[triton.grpc_url], config=config, extra_args=["--edge", request.param]) as server:
         yield server
 
 

@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from export import data
@@ -29,10 +30,14 @@ TOKEN = "test-token"
 SLO = {"slo_us": 200_000}
 
 
-@pytest.fixture(scope="module")
-def sidecar(fast_build, triton):
+# every test of a sidecar runs against both gRPC edges: grpc.aio, and the native edge (native/edge.cc)
+EDGES = ("python", "native")
+
+
+@pytest.fixture(scope="module", params=EDGES)
+def sidecar(fast_build, triton, request):
     with SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path,
-                       extra_args=["--admin-token", TOKEN]) as server:
+                       extra_args=["--admin-token", TOKEN, "--edge", request.param]) as server:
         yield server
 
 
@@ -231,6 +236,31 @@ def test_grpc_errors_name_the_problem_and_the_sidecar_keeps_serving(sidecar, ima
         assert client.infer("digits", [grpc_input(images[:1])], parameters=SLO).as_numpy("LOGITS").shape == (1, 10)
 
 
+def test_the_chosen_edge_serves_grpc_and_bytes_that_are_no_request_get_a_clear_error(sidecar, images, request):
+    """The log names the edge that serves gRPC; a ModelInfer body that is not a ModelInferRequest (random bytes, a
+    cut-off message) is refused with INVALID_ARGUMENT, and the next request is served."""
+    import grpc
+
+    edge = request.node.callspec.params["sidecar"]
+    assert f"gRPC served by the {edge} edge" in sidecar.log_tail(400)
+    good = pb_request(images[:1])
+    with grpc.insecure_channel(sidecar.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # bytes in, bytes out
+        for body in (b"\xff" * 64, good[:len(good) // 2]):
+            with pytest.raises(grpc.RpcError) as caught:
+                infer(body, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert pb.ModelInferResponse.FromString(infer(good, timeout=30)).raw_output_contents[0]
+
+
+def pb_request(x: np.ndarray) -> bytes:
+    """A well-formed ModelInferRequest for ``x``, serialized."""
+    request = pb.ModelInferRequest(model_name="digits", raw_input_contents=[x.astype(np.float32).tobytes()])
+    request.inputs.add(name="INPUT", datatype="FP32", shape=list(x.shape))
+    request.parameters["slo_us"].int64_param = SLO["slo_us"]
+    return request.SerializeToString()
+
+
 BAD_HTTP = [
     ("not json", b"{oops", {}, 400, "not JSON"),
     ("header length past the body", b'{"inputs": []}', {"Inference-Header-Content-Length": "999"}, 400, "outside"),
@@ -320,12 +350,12 @@ def perf_analyzer():
     return ensure()
 
 
-@pytest.fixture(scope="module")
-def patient_sidecar(fast_build, triton):
+@pytest.fixture(scope="module", params=EDGES)
+def patient_sidecar(fast_build, triton, request):
     """A sidecar whose default SLO (2 s) no busy machine misses: perf_analyzer stops at the first refusal, and over
     HTTP it cannot send an SLO of its own."""
     with SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path,
-                       extra_args=["--default-slo-ms", "2000"]) as server:
+                       extra_args=["--default-slo-ms", "2000", "--edge", request.param]) as server:
         yield server
 
 

@@ -52,6 +52,7 @@ from scheduler_sidecar.experiments.deployment import deploy
 from scheduler_sidecar.experiments.perf_analyzer import ensure
 from scheduler_sidecar.native import program
 from scheduler_sidecar.processes.die_with_parent import wrap
+from scheduler_sidecar.processes.sidecar import SidecarServer
 
 if TYPE_CHECKING:
     import onnx
@@ -94,6 +95,9 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--front-ends", nargs="+", choices=FRONT_ENDS, default=list(FRONT_ENDS),
                    help="front ends whose CPU per request is measured (default: all)")
     p.add_argument("--cprofile", type=Path, help="run the sidecar under cProfile, save the stats here, print a summary")
+    p.add_argument("--edges", nargs="+", choices=("python", "native"), default=["python"],
+                   help="the sidecar's gRPC edges to measure, each in a sidecar of its own beside the same Triton "
+                        "(accscale serve --edge; default: python)")
     p.add_argument("--floor", action="store_true",
                    help="also measure a bare grpc.aio echo server and pass-through proxy (CPU per request)")
     p.add_argument("--py-spy", type=Path, dest="py_spy",
@@ -257,7 +261,7 @@ def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us:
 
 def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cprofile: Path | None,
           cpu_rate: float = 1000.0, front_ends: tuple[str, ...] = FRONT_ENDS, py_spy: Path | None = None,
-          floor: bool = False, progress=lambda msg: None) -> dict:
+          floor: bool = False, progress=lambda msg: None, edges: tuple[str, ...] = ("python",)) -> dict:
     from export.repository import write_static  # lazy: torch
 
     def profiled(tritons) -> None:
@@ -269,11 +273,21 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
         repository, profile = Path(tmp) / "repository", Path(tmp) / "profile.json"
         write_static(repository, MODEL, trivial_model(), NUM_CLASSES, MODEL)
         python_args = ["-m", "cProfile", "-o", str(cprofile)] if cprofile else []
-        with deploy(repository, [MODEL], profile=profile, before_sidecar=profiled, python_args=python_args,
-                    sidecar_args=["--model-name", MODEL]) as d:
+        with contextlib.ExitStack() as stack:
+            d = stack.enter_context(deploy(repository, [MODEL], profile=profile, before_sidecar=profiled,
+                                           python_args=python_args, sidecar_args=["--model-name", MODEL, "--edge",
+                                                                                  edges[0]]))
             (triton,), sidecar = d.tritons, d.sidecar
-            targets = {"direct": (triton.grpc_url, None), "sidecar": (sidecar.grpc_url, round(slo_ms * 1e3))}
-            http = {"direct": triton.http_url, "sidecar": sidecar.http_url}
+            # the first edge's sidecar is the deployment's; each other edge gets one of its own beside it, on the same
+            # Triton, and every figure below is measured for each in turn
+            sidecars = {edges[0]: sidecar, **{edge: stack.enter_context(SidecarServer(
+                workers=[triton.grpc_url], profile=profile, extra_args=["--model-name", MODEL, "--edge", edge]))
+                for edge in edges[1:]}}
+            names = {edge: _target(edge, edges) for edge in edges}
+            targets = {"direct": (triton.grpc_url, None),
+                       **{names[e]: (s.grpc_url, round(slo_ms * 1e3)) for e, s in sidecars.items()}}
+            http = {"direct": triton.http_url, **{names[e]: s.http_url for e, s in sidecars.items()}}
+            processes = {names[e]: s for e, s in sidecars.items()}
             cpu: dict[str, dict] = {}
             proxy_peak: dict[str, dict] = {}  # front-end processes -> the proxy floor's peak (with --floor)
             for front_end in front_ends:
@@ -281,7 +295,7 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
                     progress(f"{name}: CPU per request over {front_end} at {cpu_rate:g} requests/s")
                     cpu.setdefault(front_end, {})[name] = cpu_per_request(
                         binary, http[name] if front_end == "http" else url, window_ms, cpu_rate, slo,
-                        front_end, triton, sidecar if name == "sidecar" else None)
+                        front_end, triton, processes.get(name))
             if floor:
                 for native, mode in ((n, m) for n in (False, True) for m in ("echo", "proxy")):
                     key = "native floor" if native else "floor"
@@ -312,15 +326,25 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
                     runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], slo)
                 best = max(runs, key=lambda c: runs[c]["throughput_qps"])
                 peak[name] = {"concurrency": best, **runs[best]}
+    def versus_direct(name: str) -> dict:
+        return {"added_p50_ms": round(at_rate[name]["p50_ms"] - at_rate["direct"]["p50_ms"], 3),
+                "added_p99_ms": round(at_rate[name]["p99_ms"] - at_rate["direct"]["p99_ms"], 3),
+                "throughput_ratio": round(peak[name]["throughput_qps"] / peak["direct"]["throughput_qps"], 3)}
+
     return {
-        "added_p50_ms": round(at_rate["sidecar"]["p50_ms"] - at_rate["direct"]["p50_ms"], 3),
-        "added_p99_ms": round(at_rate["sidecar"]["p99_ms"] - at_rate["direct"]["p99_ms"], 3),
-        "throughput_ratio": round(peak["sidecar"]["throughput_qps"] / peak["direct"]["throughput_qps"], 3),
+        **versus_direct(names[edges[0]]),  # the first edge's, at the top level as before
+        "edges": {edge: versus_direct(names[edge]) for edge in edges},
         "rate_qps": rate, "at_rate": at_rate, "peak": peak,
         "cpu_rate_qps": cpu_rate, "cpu_us_per_request": cpu,
         **({"proxy_floor_peak_by_processes": proxy_peak} if proxy_peak else {}),
         **({"py_spy_parts": parts(py_spy)} if py_spy is not None and py_spy.exists() else {}),
     }
+
+
+def _target(edge: str, edges: tuple[str, ...]) -> str:
+    """A sidecar's name in the results: "sidecar" for the first edge measured, "sidecar (native)" and the like for
+    the others (so a run of the Python edge alone reads as before)."""
+    return "sidecar" if edge == edges[0] else f"sidecar ({edge})"
 
 
 def parts(stacks: Path) -> dict[str, float]:
@@ -347,16 +371,17 @@ def _cpu_line(r: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
     result = bench(args.rate, args.concurrency, args.window_ms, args.slo_ms, args.cprofile, args.cpu_rate,
-                   tuple(args.front_ends), args.py_spy, args.floor, progress)
+                   tuple(args.front_ends), args.py_spy, args.floor, progress, tuple(args.edges))
     if args.json:
         print(json.dumps(result))
     else:
-        for name in ("direct", "sidecar"):
+        for name in result["at_rate"]:
             r, p = result["at_rate"][name], result["peak"][name]
             print(f"{name:<8} at {args.rate:g}/s: p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
                   f"peak {p['throughput_qps']:.0f}/s at concurrency {p['concurrency']}")
-        print(f"added p50 {result['added_p50_ms']:.2f} ms, added p99 {result['added_p99_ms']:.2f} ms, "
-              f"throughput ratio {result['throughput_ratio']:.2f}")
+        for edge, r in result["edges"].items():
+            print(f"{edge} edge: added p50 {r['added_p50_ms']:.2f} ms, added p99 {r['added_p99_ms']:.2f} ms, "
+                  f"throughput ratio {r['throughput_ratio']:.2f}")
         print(f"CPU us per request at {args.cpu_rate:g}/s:")
         for front_end, sides in result["cpu_us_per_request"].items():
             print(f"  {front_end:<10} " + "; ".join(f"{name} {_cpu_line(r)}" for name, r in sides.items()))

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from typing import NamedTuple
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
@@ -69,7 +72,7 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         try:
-            return await self._infer(request, context.time_remaining())
+            return await self._infer(_decoded(request), context.time_remaining())
         except RequestError as exc:
             await _abort(context, exc)
         except Exception as exc:  # a bug: still this request's answer, and marked as the sidecar's
@@ -86,13 +89,14 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def serve(request: pb.ModelInferRequest) -> None:
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, None))
+                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(_decoded(request), None))
             except Exception as exc:  # a RequestError, or a bug: either way this request's answer, on the stream
                 if not isinstance(exc, RequestError):
                     log.exception("a streamed request failed")
                 message = exc.message if isinstance(exc, RequestError) else f"internal error: {type(exc).__name__}"
+                named = request if isinstance(request, pb.ModelInferRequest) else pb.ModelInferRequest()
                 answer = pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
-                    model_name=request.model_name, model_version=request.model_version, id=request.id))
+                    model_name=named.model_name, model_version=named.model_version, id=named.id))
             answers.put_nowait(answer)
 
         async def read() -> None:
@@ -115,24 +119,63 @@ class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _infer(self, request: pb.ModelInferRequest, remaining_s: float | None) -> pb.ModelInferResponse:
-        model = self.sidecar.model(request.model_name, request.model_version)
         params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
                   if v.WhichOneof("parameter_choice")}
-        outputs = [OutputIn(o.name) for o in request.outputs]
-        checked = parse_request(model, params, _inputs(request), outputs, self.sidecar.limits)
-        answer = await self.sidecar.infer(checked, model, None if remaining_s is None else int(remaining_s * 1e6))
+        outputs = await serve(self.sidecar, request.model_name, request.model_version, params, lambda: inputs_of(request),
+                              [o.name for o in request.outputs],
+                              None if remaining_s is None else int(remaining_s * 1e6))
         response = pb.ModelInferResponse(model_name=request.model_name, model_version=MODEL_VERSION, id=request.id)
-        for key, value in answer.parameters().items():
+        for key, value in outputs.parameters.items():
             field = {str: "string_param", int: "int64_param", float: "double_param"}[type(value)]
             setattr(response.parameters[key], field, value)
-        for name, _ in checked.outputs:
-            spec = model.outputs[name]
-            response.outputs.add(name=name, datatype=spec.datatype, shape=[checked.count, *spec.dims])
-            response.raw_output_contents.append(answer.outputs[name])
+        for name, datatype, shape, raw in outputs.tensors:
+            response.outputs.add(name=name, datatype=datatype, shape=shape)
+            response.raw_output_contents.append(raw)
         return response
 
 
-def _inputs(request: pb.ModelInferRequest) -> list[TensorIn]:
+class Outputs(NamedTuple):
+    """One request's answer, as both edges write it: its parameters and, per output, name, datatype, shape and
+    raw bytes."""
+
+    parameters: dict[str, object]
+    tensors: list[tuple[str, str, list[int], bytes]]
+
+
+async def serve(sidecar: Sidecar, model_name: str, version: str, params: dict, inputs: Callable[[], list[TensorIn]],
+                outputs: list[str], budget_us: int | None, waited_us: int | None = None) -> Outputs:
+    """A ModelInfer request, checked and served: what the Python and the native edge share. ``inputs`` is called
+    once the model is known (an unknown model's error comes first); ``waited_us`` is how long the request waited
+    before it got here, where the edge measured it."""
+    model = sidecar.model(model_name, version)
+    checked = parse_request(model, params, inputs(), [OutputIn(name) for name in outputs], sidecar.limits)
+    answer = await sidecar.infer(checked, model, budget_us, waited_us)
+    return Outputs(answer.parameters(), [(name, model.outputs[name].datatype,
+                                          [checked.count, *model.outputs[name].dims], answer.outputs[name])
+                                         for name, _ in checked.outputs])
+
+
+class Undecodable(NamedTuple):
+    """A request body that is not a ModelInferRequest: what the lenient parser hands the handler, which refuses it
+    as the client's error (gRPC's own parser would answer UNKNOWN, as if the server had failed)."""
+
+    error: str
+
+
+def _lenient(data: bytes) -> pb.ModelInferRequest | Undecodable:
+    try:
+        return pb.ModelInferRequest.FromString(data)
+    except DecodeError as exc:
+        return Undecodable(str(exc))
+
+
+def _decoded(request: pb.ModelInferRequest | Undecodable) -> pb.ModelInferRequest:
+    if isinstance(request, Undecodable):
+        raise InvalidRequest(f"the request is not a ModelInferRequest: {request.error}")
+    return request
+
+
+def inputs_of(request: pb.ModelInferRequest) -> list[TensorIn]:
     """Each input with its raw bytes, or its typed contents when the client sent no raw_input_contents."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
@@ -158,7 +201,16 @@ def server_options(limits: Limits) -> list[tuple[str, int]]:
 async def start(sidecar: Sidecar, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Start the gRPC server; returns it and the port it bound (``port`` 0 picks a free one)."""
     server = grpc.aio.server(options=server_options(sidecar.limits))
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(sidecar), server)
+    servicer = Servicer(sidecar)
+    # the two inference methods first, with a parser that marks a body it cannot read instead of failing the call
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(
+            servicer.ModelInfer, request_deserializer=_lenient,
+            response_serializer=pb.ModelInferResponse.SerializeToString),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+            servicer.ModelStreamInfer, request_deserializer=_lenient,
+            response_serializer=pb.ModelStreamInferResponse.SerializeToString)}),))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind gRPC port {host}:{port}")

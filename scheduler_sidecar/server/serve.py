@@ -20,6 +20,8 @@ from scheduler_sidecar.systems import policies
 
 log = logging.getLogger(__name__)
 
+EDGES = ("python", "native")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -40,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="bind address of both ports (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, help="HTTP port (default 8100; 0 picks a free one)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 8101; 0 picks a free one)")
+    p.add_argument("--edge", choices=EDGES, default="python",
+                   help="what serves the gRPC port: python (grpc.aio, the default) or native (native/edge.cc, built on "
+                        "first use: the protocol in C++, requests handed to Python in bursts); HTTP is Python's")
     p.add_argument("--admin-token", help="enable the admin endpoints with this bearer token "
                    "(or set ACCSCALE_ADMIN_TOKEN)")
     limits = p.add_argument_group("limits on what one client may send (the config keys of the same names)")
@@ -75,11 +80,11 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     # asyncio's own loop: under uvloop the sidecar spent as much CPU per request (680 against 675 us, bench
     # sidecar, the same code back to back) and added no less latency, so it is not worth a dependency
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, args.edge))
     return 0
 
 
-async def serve(config: sidecar_config.SidecarConfig) -> None:
+async def serve(config: sidecar_config.SidecarConfig, edge: str = "python") -> None:
     """Run the sidecar until SIGINT or SIGTERM."""
     import grpc  # lazy: grpc
 
@@ -96,7 +101,13 @@ async def serve(config: sidecar_config.SidecarConfig) -> None:
     grpc.aio.init_grpc_aio()
     sidecar = Sidecar(config)
     await sidecar.start()
-    grpc_server, grpc_port = await grpc_frontend.start(sidecar, config.host, config.grpc_port)
+    if edge == "native":
+        from scheduler_sidecar.server import native_frontend  # lazy: builds or loads the native edge
+
+        grpc_server, grpc_port = await native_frontend.start(sidecar, config.host, config.grpc_port)
+    else:
+        grpc_server, grpc_port = await grpc_frontend.start(sidecar, config.host, config.grpc_port)
+    log.info("gRPC served by the %s edge", edge)
     http_runner, http_port = await http_frontend.start(sidecar, config.host, config.http_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -271,11 +271,13 @@ class Sidecar:
             raise UnknownModel(f"Request for unknown model: {quote(name)} version {quote(version)} is not found")
         return info
 
-    async def infer(self, request: InferRequest, model: ModelInfo, budget_us: int | None = None) -> Answer:
+    async def infer(self, request: InferRequest, model: ModelInfo, budget_us: int | None = None,
+                    waited_us: int | None = None) -> Answer:
         """Serve a checked request of a known model (see :meth:`model`), all its rows; raises a RequestError if it
-        fails."""
+        fails. ``waited_us``: how long it waited before its handler ran, where the front end measured it (the
+        native edge); the event loop's lag otherwise."""
         answers = await self.models[model.name].infer_rows(request.rows(model), request.slo_us, budget_us,
-                                                           self.loop_lag.us)
+                                                           self.loop_lag.us if waited_us is None else waited_us)
         return Answer.join(answers)
 
     def ready(self) -> bool:

@@ -1,0 +1,533 @@
+// The native edge (issue 45): the sidecar's public gRPC port, served in C++ on gRPC's own threads.
+//
+// Every call arrives through one generic callback service, as bytes:
+// - ModelInfer and ModelStreamInfer are parsed here, and each request becomes an arrival record that Python
+//   takes in bulk (Edge::take: one call into Python for many requests, the GIL released while it waits). Python
+//   decides and serves as before and hands back each request's outputs (Edge::answer) or its error (Edge::fail);
+//   the response is built, serialized and written here. A call the client cancels becomes a cancel record.
+// - Every other method (health, metadata, config, admin) is passed as it came to the Python front end on a
+//   loopback port, and its answer passed back: one implementation of what those say, the Python one.
+// Time spent here before Python sees a request counts against its slack: each record carries its arrival time on
+// CLOCK_MONOTONIC (the sidecar's clock) and the time the client's deadline left it then.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "grpc_service.pb.h"
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr char kInfer[] = "/inference.GRPCInferenceService/ModelInfer";
+constexpr char kStream[] = "/inference.GRPCInferenceService/ModelStreamInfer";
+constexpr char kErrorKey[] = "accscale-error";  // as grpc_frontend.ERROR_METADATA
+
+int64_t MonotonicUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool Parse(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
+  grpc::Slice slice;
+  if (!buffer.DumpToSingleSlice(&slice).ok()) return false;
+  return message->ParseFromArray(slice.begin(), static_cast<int>(slice.size()));
+}
+
+grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
+  std::string bytes = message.SerializeAsString();
+  grpc::Slice slice(std::move(bytes));
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// One request as Python takes it. kind: 0 a request to serve, 1 its call was cancelled.
+struct Arrival {
+  uint64_t id = 0;
+  int kind = 0;
+  int64_t arrival_us = 0;
+  int64_t remaining_us = -1;  // what the client's deadline left at arrival; -1: none
+  inference::ModelInferRequest request;
+};
+
+class Edge;
+class Call;
+
+// What an answer reaches its call through: null once the call has ended (OnDone), so a late answer is dropped
+// instead of touching a call that is gone.
+struct CallRef {
+  std::recursive_mutex mu;
+  Call* call;
+};
+
+// One client call: a unary ModelInfer, a ModelStreamInfer stream, or a call passed to the Python front end.
+// Lives until OnDone. Python's answers reach it through Edge, which finds it by request id under its own lock.
+class Call final : public grpc::ServerGenericBidiReactor {
+ public:
+  enum class Kind { kInfer, kStream, kForward };
+
+  Call(Edge* edge, grpc::GenericCallbackServerContext* ctx, Kind kind)
+      : edge_(edge), ctx_(ctx), kind_(kind), ref_(std::make_shared<CallRef>()) {
+    ref_->call = this;
+    StartRead(&in_);
+  }
+
+  const std::shared_ptr<CallRef>& ref() const { return ref_; }
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+  // Python's answer to request `id` of this call (called with no lock of Edge held).
+  void Respond(uint64_t id, inference::ModelInferResponse* response, const grpc::Status* error,
+               const std::string& error_class);
+
+ private:
+  void Forward();
+  void WriteLocked(grpc::ByteBuffer buffer);
+  void MaybeFinishStreamLocked();
+
+  Edge* const edge_;
+  grpc::GenericCallbackServerContext* const ctx_;
+  const Kind kind_;
+  const std::shared_ptr<CallRef> ref_;
+  grpc::ByteBuffer in_;
+  std::recursive_mutex mu_;
+  std::unordered_set<uint64_t> pending_;  // requests handed to Python and not answered yet
+  std::deque<grpc::ByteBuffer> writes_;   // a stream's answers not yet written
+  bool writing_ = false;
+  bool reads_done_ = false;
+  bool finished_ = false;
+  // a forwarded call's own client side
+  grpc::ClientContext forward_ctx_;
+  grpc::ByteBuffer forward_out_;
+};
+
+class Edge {
+ public:
+  Edge(const std::string& address, const std::string& forward_to, int max_request_bytes,
+       const std::string& model_version)
+      : model_version_(model_version) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    forward_ = std::make_unique<grpc::GenericStub>(
+        grpc::CreateCustomChannel(forward_to, grpc::InsecureChannelCredentials(), args));
+    service_ = std::make_unique<Service>(this);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+    builder.SetMaxReceiveMessageSize(max_request_bytes);
+    builder.SetMaxSendMessageSize(-1);
+    builder.RegisterCallbackGenericService(service_.get());
+    server_ = builder.BuildAndStart();
+    if (!server_ || port_ == 0) throw std::runtime_error("the native edge cannot bind " + address);
+    ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ready_fd_ < 0) throw std::runtime_error("eventfd failed");
+  }
+
+  ~Edge() {
+    Stop();
+    close(ready_fd_);
+  }
+
+  // Readable while requests wait to be taken: an event loop watches it (add_reader) and takes them with no wait,
+  // on its own thread, so no second Python thread contends for the GIL.
+  int fd() const { return ready_fd_; }
+
+  int port() const { return port_; }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+    }
+    ready_.notify_all();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+
+  // Requests and cancellations since the last take, at most `limit`, waiting up to `timeout_ms` for the first.
+  py::list Take(size_t limit, int timeout_ms) {
+    std::vector<std::unique_ptr<Arrival>> got;
+    {
+      std::optional<py::gil_scoped_release> unlocked;
+      if (timeout_ms > 0) unlocked.emplace();
+      std::unique_lock<std::mutex> lock(mu_);
+      if (timeout_ms > 0)
+        ready_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return stopped_ || !queue_.empty(); });
+      while (!queue_.empty() && got.size() < limit) {
+        got.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      uint64_t drained;
+      if (queue_.empty() && signalled_) {
+        signalled_ = false;
+        [[maybe_unused]] ssize_t n = read(ready_fd_, &drained, sizeof drained);
+      }
+    }
+    py::list out;
+    for (auto& a : got) out.append(ToPython(*a));
+    return out;
+  }
+
+  void Answer(uint64_t id, const py::list& outputs, const py::dict& parameters) {
+    std::shared_ptr<Pending> pending = Claim(id);
+    if (!pending) return;  // the client left, or the call ended
+    inference::ModelInferResponse response;
+    response.set_model_name(pending->model);
+    response.set_model_version(pending->version);
+    response.set_id(pending->request_id);
+    for (auto item : parameters) {
+      auto& p = (*response.mutable_parameters())[py::cast<std::string>(item.first)];
+      py::handle v = item.second;
+      if (py::isinstance<py::bool_>(v)) p.set_bool_param(v.cast<bool>());
+      else if (py::isinstance<py::int_>(v)) p.set_int64_param(v.cast<int64_t>());
+      else if (py::isinstance<py::float_>(v)) p.set_double_param(v.cast<double>());
+      else p.set_string_param(py::str(v).cast<std::string>());
+    }
+    for (auto item : outputs) {
+      auto t = item.cast<py::tuple>();  // (name, datatype, shape, raw bytes)
+      auto* out = response.add_outputs();
+      out->set_name(t[0].cast<std::string>());
+      out->set_datatype(t[1].cast<std::string>());
+      for (auto d : t[2].cast<py::list>()) out->add_shape(d.cast<int64_t>());
+      char* data;
+      Py_ssize_t size;
+      if (PyBytes_AsStringAndSize(t[3].ptr(), &data, &size) != 0) throw py::error_already_set();
+      response.add_raw_output_contents(data, static_cast<size_t>(size));
+    }
+    py::gil_scoped_release unlocked;
+    std::lock_guard<std::recursive_mutex> lock(pending->call->mu);
+    if (pending->call->call) pending->call->call->Respond(id, &response, nullptr, "");
+  }
+
+  void Fail(uint64_t id, int code, const std::string& message, const std::string& error_class) {
+    std::shared_ptr<Pending> pending = Claim(id);
+    if (!pending) return;
+    inference::ModelInferResponse response;  // a stream's error names its request
+    response.set_model_name(pending->model);
+    response.set_model_version(pending->version);
+    response.set_id(pending->request_id);
+    grpc::Status status(static_cast<grpc::StatusCode>(code), message);
+    py::gil_scoped_release unlocked;
+    std::lock_guard<std::recursive_mutex> lock(pending->call->mu);
+    if (pending->call->call) pending->call->call->Respond(id, &response, &status, error_class);
+  }
+
+  py::dict Stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    py::dict d;
+    d["arrivals"] = arrivals_;
+    d["forwarded"] = forwarded_.load();
+    d["pending"] = pending_.size();
+    return d;
+  }
+
+  // ---- for Call
+  void Arrive(Call* call, std::unique_ptr<Arrival> a) {
+    auto pending = std::make_shared<Pending>();
+    pending->call = call->ref();
+    pending->model = a->request.model_name();
+    pending->version = model_version_;
+    pending->request_id = a->request.id();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.emplace(a->id, std::move(pending));
+      queue_.push_back(std::move(a));
+      ++arrivals_;
+      SignalLocked();
+    }
+    ready_.notify_one();
+  }
+
+  // The call ended before Python answered `ids`: they are withdrawn, and Python is told.
+  void Withdraw(const std::unordered_set<uint64_t>& ids) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (uint64_t id : ids) {
+        if (pending_.erase(id) == 0) continue;
+        auto a = std::make_unique<Arrival>();
+        a->id = id;
+        a->kind = 1;
+        queue_.push_back(std::move(a));
+      }
+      if (!queue_.empty()) SignalLocked();
+    }
+    ready_.notify_one();
+  }
+
+  uint64_t NextId() { return next_id_.fetch_add(1, std::memory_order_relaxed); }
+  grpc::GenericStub* forward() { return forward_.get(); }
+  void Forwarded() { forwarded_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  struct Pending {
+    std::shared_ptr<CallRef> call;
+    std::string model, version, request_id;
+  };
+
+  class Service final : public grpc::CallbackGenericService {
+   public:
+    explicit Service(Edge* edge) : edge_(edge) {}
+    grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
+      const std::string& method = ctx->method();
+      Call::Kind kind = method == kInfer ? Call::Kind::kInfer
+                        : method == kStream ? Call::Kind::kStream
+                                            : Call::Kind::kForward;
+      return new Call(edge_, ctx, kind);
+    }
+
+   private:
+    Edge* edge_;
+  };
+
+  void SignalLocked() {
+    if (signalled_) return;
+    signalled_ = true;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(ready_fd_, &one, sizeof one);
+  }
+
+  std::shared_ptr<Pending> Claim(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return nullptr;
+    auto pending = std::move(it->second);
+    pending_.erase(it);
+    return pending;
+  }
+
+  static py::tuple ToPython(const Arrival& a) {
+    if (a.kind == 1) return py::make_tuple(a.id, 1);
+    const auto& r = a.request;
+    py::dict params;
+    for (const auto& [key, p] : r.parameters()) {
+      switch (p.parameter_choice_case()) {
+        case inference::InferParameter::kBoolParam: params[py::str(key)] = p.bool_param(); break;
+        case inference::InferParameter::kInt64Param: params[py::str(key)] = p.int64_param(); break;
+        case inference::InferParameter::kUint64Param: params[py::str(key)] = p.uint64_param(); break;
+        case inference::InferParameter::kDoubleParam: params[py::str(key)] = p.double_param(); break;
+        case inference::InferParameter::kStringParam: params[py::str(key)] = p.string_param(); break;
+        default: break;
+      }
+    }
+    py::list outputs;
+    for (const auto& o : r.outputs()) outputs.append(o.name());
+    // raw contents are the common case and cross as bytes; a request with typed contents crosses whole, and
+    // Python's own parser reads it (one implementation of the typed-contents rules)
+    bool raw = r.raw_input_contents_size() > 0;
+    py::list inputs;
+    if (raw) {
+      if (r.raw_input_contents_size() != r.inputs_size()) {
+        py::object typed = py::bytes(r.SerializeAsString());
+        return py::make_tuple(a.id, 0, r.model_name(), r.model_version(), r.id(), params, py::none(), outputs,
+                              a.remaining_us, a.arrival_us, typed);
+      }
+      for (int i = 0; i < r.inputs_size(); ++i) {
+        const auto& t = r.inputs(i);
+        py::list shape;
+        for (auto d : t.shape()) shape.append(d);
+        const std::string& bytes = r.raw_input_contents(i);
+        inputs.append(py::make_tuple(t.name(), t.datatype(), shape, py::bytes(bytes.data(), bytes.size())));
+      }
+      return py::make_tuple(a.id, 0, r.model_name(), r.model_version(), r.id(), params, inputs, outputs,
+                            a.remaining_us, a.arrival_us, py::none());
+    }
+    return py::make_tuple(a.id, 0, r.model_name(), r.model_version(), r.id(), params, py::none(), outputs,
+                          a.remaining_us, a.arrival_us, py::bytes(r.SerializeAsString()));
+  }
+
+  const std::string model_version_;  // every answer's (the sidecar serves one version of each model)
+  std::unique_ptr<grpc::GenericStub> forward_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<std::unique_ptr<Arrival>> queue_;
+  std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;
+  uint64_t arrivals_ = 0;
+  std::atomic<uint64_t> forwarded_{0};
+  std::atomic<uint64_t> next_id_{0};
+  bool stopped_ = false;
+  int ready_fd_ = -1;
+  bool signalled_ = false;  // ready_fd_ holds a count: a burst of arrivals costs one wake-up
+};
+
+void Call::OnReadDone(bool ok) {
+  if (kind_ == Kind::kForward) {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
+      return;
+    }
+    Forward();
+    return;
+  }
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (!ok) {  // the client has sent its last request (a stream), or none at all
+    reads_done_ = true;
+    if (kind_ == Kind::kInfer && pending_.empty() && !finished_) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
+    } else {
+      MaybeFinishStreamLocked();
+    }
+    return;
+  }
+  auto a = std::make_unique<Arrival>();
+  a->arrival_us = MonotonicUs();
+  auto deadline = ctx_->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max() && kind_ == Kind::kInfer) {
+    a->remaining_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          deadline - std::chrono::system_clock::now()).count();
+  }
+  if (!Parse(in_, &a->request)) {
+    grpc::Status bad(grpc::StatusCode::INVALID_ARGUMENT, "the request is not a ModelInferRequest");
+    if (kind_ == Kind::kInfer) {
+      finished_ = true;
+      Finish(bad);
+    } else {
+      inference::ModelStreamInferResponse answer;
+      answer.set_error_message(bad.error_message());
+      WriteLocked(Serialize(answer));
+      StartRead(&in_);
+    }
+    return;
+  }
+  a->id = edge_->NextId();
+  pending_.insert(a->id);
+  edge_->Arrive(this, std::move(a));
+  if (kind_ == Kind::kStream) StartRead(&in_);  // a unary call has its one request
+}
+
+void Call::Forward() {
+  edge_->Forwarded();
+  auto deadline = ctx_->deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) forward_ctx_.set_deadline(deadline);
+  edge_->forward()->UnaryCall(&forward_ctx_, ctx_->method(), grpc::StubOptions(), &in_, &forward_out_,
+                              [this](grpc::Status status) {
+                                if (status.ok()) StartWriteAndFinish(&forward_out_, grpc::WriteOptions(), status);
+                                else Finish(status);
+                              });
+}
+
+void Call::Respond(uint64_t id, inference::ModelInferResponse* response, const grpc::Status* error,
+                   const std::string& error_class) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (finished_ || pending_.erase(id) == 0) return;
+  if (kind_ == Kind::kInfer) {
+    finished_ = true;
+    if (error) {
+      ctx_->AddTrailingMetadata(kErrorKey, error_class);
+      Finish(*error);
+    } else {
+      writes_.push_back(Serialize(*response));
+      StartWriteAndFinish(&writes_.back(), grpc::WriteOptions(), grpc::Status::OK);
+    }
+    return;
+  }
+  inference::ModelStreamInferResponse answer;
+  if (error) answer.set_error_message(error->error_message());
+  answer.mutable_infer_response()->Swap(response);
+  WriteLocked(Serialize(answer));
+}
+
+void Call::WriteLocked(grpc::ByteBuffer buffer) {
+  writes_.push_back(std::move(buffer));
+  if (!writing_) {
+    writing_ = true;
+    StartWrite(&writes_.front());
+  }
+}
+
+void Call::OnWriteDone(bool ok) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (kind_ != Kind::kStream) return;
+  writes_.pop_front();
+  writing_ = false;
+  if (!ok) {  // the stream is broken: nothing more can be written
+    if (!finished_) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the stream broke"));
+    }
+    return;
+  }
+  if (!writes_.empty()) {
+    writing_ = true;
+    StartWrite(&writes_.front());
+    return;
+  }
+  MaybeFinishStreamLocked();
+}
+
+void Call::MaybeFinishStreamLocked() {
+  if (kind_ == Kind::kStream && reads_done_ && pending_.empty() && !writing_ && writes_.empty() && !finished_) {
+    finished_ = true;
+    Finish(grpc::Status::OK);
+  }
+}
+
+void Call::OnCancel() {
+  std::unordered_set<uint64_t> withdrawn;
+  {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    withdrawn.swap(pending_);
+  }
+  if (kind_ == Kind::kForward) forward_ctx_.TryCancel();
+  if (!withdrawn.empty()) edge_->Withdraw(withdrawn);
+}
+
+void Call::OnDone() {
+  std::unordered_set<uint64_t> withdrawn;
+  {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    withdrawn.swap(pending_);
+    finished_ = true;
+  }
+  if (!withdrawn.empty()) edge_->Withdraw(withdrawn);
+  {
+    std::lock_guard<std::recursive_mutex> lock(ref_->mu);
+    ref_->call = nullptr;
+  }
+  delete this;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_edge, m) {
+  m.doc() = "The sidecar's native gRPC edge (native/edge.cc)";
+  py::class_<Edge>(m, "Edge")
+      .def(py::init<const std::string&, const std::string&, int, const std::string&>(), py::arg("address"),
+           py::arg("forward_to"), py::arg("max_request_bytes"), py::arg("model_version"))
+      .def_property_readonly("port", &Edge::port)
+      .def_property_readonly("fd", &Edge::fd)
+      .def("take", &Edge::Take, py::arg("limit"), py::arg("timeout_ms"))
+      .def("answer", &Edge::Answer, py::arg("id"), py::arg("outputs"), py::arg("parameters"))
+      .def("fail", &Edge::Fail, py::arg("id"), py::arg("code"), py::arg("message"), py::arg("error_class"))
+      .def("stats", &Edge::Stats)
+      .def("stop", &Edge::Stop, py::call_guard<py::gil_scoped_release>());
+  m.def("monotonic_us", &MonotonicUs);
+}

@@ -1,0 +1,105 @@
+"""The gRPC front end on the native edge (native/edge.cc): the protocol in C++, the decisions here.
+
+The edge owns the public gRPC port. It parses ``ModelInfer`` and ``ModelStreamInfer`` requests on gRPC's threads
+and queues them; the event loop watches the edge's eventfd and, woken, takes what is queued in one call (a burst
+of requests costs one wake-up and one call into Python). Each request is checked and served as the Python front
+end serves it
+(:func:`grpc_frontend.serve`). Its outputs go back to the edge, which builds, serializes and writes the answer.
+Every other method (health, metadata, config) the edge passes to the Python front end, which listens on a free
+loopback port behind it: what those answer has one implementation.
+
+A request's time in the edge counts against its slack: the edge stamps its arrival on the sidecar's clock, and the
+deadline it was given is kept from then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tritonclient.grpc import service_pb2 as pb
+
+from scheduler_sidecar.errors import InternalError, RequestError
+from scheduler_sidecar.live.driver import now_us
+from scheduler_sidecar.native import edge as native_edge
+from scheduler_sidecar.server import grpc_frontend
+from scheduler_sidecar.server.protocol import TensorIn, grpc_status
+from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
+
+log = logging.getLogger(__name__)
+
+TAKE_LIMIT = 512  # requests per call into Python, at most (the rest are taken on the loop's next turn)
+CANCELLED = 1  # an arrival's kind: its call ended before it was answered
+
+
+class NativeFrontend:
+    """The native edge on ``host:port`` in front of the Python gRPC front end (see the module docstring)."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self.sidecar = sidecar
+        self.edge = None
+        self._python = None  # the Python gRPC front end behind the edge
+        self._serving: dict[int, asyncio.Task] = {}
+
+    async def start(self, host: str, port: int) -> int:
+        module = native_edge()
+        self._python, python_port = await grpc_frontend.start(self.sidecar, "127.0.0.1", 0)
+        self.edge = module.Edge(f"{host}:{port}", f"127.0.0.1:{python_port}", self.sidecar.limits.max_request_bytes,
+                                MODEL_VERSION)
+        asyncio.get_running_loop().add_reader(self.edge.fd, self._take)
+        log.info("gRPC on the native edge at %s:%d (other methods through the Python front end at 127.0.0.1:%d)",
+                 host, self.edge.port, python_port)
+        return self.edge.port
+
+    async def stop(self, grace: float = 1.0) -> None:
+        asyncio.get_running_loop().remove_reader(self.edge.fd)
+        await asyncio.to_thread(self.edge.stop)
+        for task in list(self._serving.values()):
+            task.cancel()
+        await self._python.stop(grace=grace)
+
+    def _take(self) -> None:
+        """What the edge has queued, in one call: requests to serve and requests whose client left."""
+        loop = asyncio.get_running_loop()
+        for arrival in self.edge.take(TAKE_LIMIT, 0):
+            rid = arrival[0]
+            if arrival[1] == CANCELLED:  # the client left: what it asked is no longer served
+                task = self._serving.pop(rid, None)
+                if task is not None:
+                    task.cancel()
+                continue
+            task = loop.create_task(self._serve(*arrival))
+            self._serving[rid] = task
+            task.add_done_callback(lambda _, rid=rid: self._serving.pop(rid, None))
+
+    async def _serve(self, rid: int, _kind: int, model: str, version: str, _request_id: str, params: dict,
+                     inputs: list | None, outputs: list[str], remaining_us: int, arrival_us: int,
+                     whole: bytes | None) -> None:
+        waited_us = max(0, now_us() - arrival_us)
+        budget_us = None if remaining_us < 0 else remaining_us - waited_us
+        try:
+            if whole is not None:  # typed contents (or a malformed raw request): Python's parser reads it
+                request = pb.ModelInferRequest.FromString(whole)
+                read = lambda: grpc_frontend.inputs_of(request)  # noqa: E731
+            else:
+                read = lambda: [TensorIn(name, datatype, shape, raw=raw)  # noqa: E731
+                                for name, datatype, shape, raw in inputs]
+            answer = await grpc_frontend.serve(self.sidecar, model, version, params, read, outputs, budget_us,
+                                               waited_us)
+        except asyncio.CancelledError:
+            return
+        except RequestError as exc:
+            self.edge.fail(rid, grpc_status(exc.code).value[0], exc.message, type(exc).__name__)
+            return
+        except Exception as exc:  # a bug: still this request's answer, and marked as the sidecar's
+            log.exception("a request failed")
+            error = InternalError(f"{type(exc).__name__}: {exc}")
+            self.edge.fail(rid, grpc_status(error.code).value[0], error.message, type(error).__name__)
+            return
+        self.edge.answer(rid, answer.tensors, answer.parameters)
+
+
+async def start(sidecar: Sidecar, host: str, port: int) -> tuple[NativeFrontend, int]:
+    """Start the native edge; returns it and the port it bound (``port`` 0 picks a free one)."""
+    frontend = NativeFrontend(sidecar)
+    return frontend, await frontend.start(host, port)
