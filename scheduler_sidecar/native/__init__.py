@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).resolve().parents[2] / "native"
-BUILD = SOURCE.parent / "build" / "native"
+# another build of the same sources (make fuzz-native's sanitized one) where ACCSCALE_NATIVE_BUILD names it
+BUILD = Path(os.environ.get("ACCSCALE_NATIVE_BUILD", SOURCE.parent / "build" / "native")).resolve()
 NEEDS = "cmake, g++, pkg-config and Debian's libgrpc++-dev and protobuf-compiler-grpc"
 
 
