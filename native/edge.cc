@@ -35,9 +35,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "grpc_service.pb.h"
+#include "grpc_service.grpc.pb.h"
 
 namespace py = pybind11;
+using inference::GRPCInferenceService;
 
 namespace {
 
@@ -515,6 +516,143 @@ void Call::OnDone() {
   delete this;
 }
 
+// Triton's ModelInfer from C++: the sidecar's batches, sent on gRPC's threads, their answers queued for the event
+// loop as the edge's requests are (an eventfd, taken in bursts). No Python gRPC runs on the data path.
+class Client {
+ public:
+  Client() {
+    ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ready_fd_ < 0) throw std::runtime_error("eventfd failed");
+  }
+  ~Client() { close(ready_fd_); }
+
+  int fd() const { return ready_fd_; }
+
+  // One batch: inputs are (name, datatype, shape, [row bytes, ...]) and are concatenated here; parameters as the
+  // Python worker sets them (bool, int, float, else str).
+  void Infer(uint64_t token, const std::string& url, const std::string& model, const std::string& version,
+             const py::list& inputs, const py::dict& parameters, int64_t timeout_us) {
+    auto call = std::make_unique<Pending>();
+    call->token = token;
+    auto& r = call->request;
+    r.set_model_name(model);
+    r.set_model_version(version);
+    for (auto item : inputs) {
+      auto t = item.cast<py::tuple>();
+      auto* in = r.add_inputs();
+      in->set_name(t[0].cast<std::string>());
+      in->set_datatype(t[1].cast<std::string>());
+      for (auto d : t[2].cast<py::list>()) in->add_shape(d.cast<int64_t>());
+      std::string* raw = r.add_raw_input_contents();
+      for (auto row : t[3]) {
+        char* data;
+        Py_ssize_t size;
+        if (PyBytes_AsStringAndSize(row.ptr(), &data, &size) != 0) throw py::error_already_set();
+        raw->append(data, static_cast<size_t>(size));
+      }
+    }
+    for (auto item : parameters) {
+      auto& p = (*r.mutable_parameters())[py::cast<std::string>(item.first)];
+      py::handle v = item.second;
+      if (py::isinstance<py::bool_>(v)) p.set_bool_param(v.cast<bool>());
+      else if (py::isinstance<py::int_>(v)) p.set_int64_param(v.cast<int64_t>());
+      else if (py::isinstance<py::float_>(v)) p.set_double_param(v.cast<double>());
+      else p.set_string_param(py::str(v).cast<std::string>());
+    }
+    call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::microseconds(timeout_us));
+    py::gil_scoped_release unlocked;
+    Worker& worker = WorkerFor(url);
+    call->channel = worker.channel;
+    Pending* raw = call.release();
+    worker.stub->async()->ModelInfer(&raw->context, &raw->request, &raw->response, [this, raw](grpc::Status status) {
+      std::unique_ptr<Pending> done(raw);
+      done->status = std::move(status);
+      done->ready = done->channel->GetState(false) == GRPC_CHANNEL_READY;
+      std::lock_guard<std::mutex> lock(mu_);
+      done_.push_back(std::move(done));
+      if (!signalled_) {
+        signalled_ = true;
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = write(ready_fd_, &one, sizeof one);
+      }
+    });
+  }
+
+  // Finished batches: (token, status code, message, channel ready, [(output name, raw bytes), ...]).
+  py::list Take(size_t limit) {
+    std::vector<std::unique_ptr<Pending>> got;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!done_.empty() && got.size() < limit) {
+        got.push_back(std::move(done_.front()));
+        done_.pop_front();
+      }
+      if (done_.empty() && signalled_) {
+        signalled_ = false;
+        uint64_t drained;
+        [[maybe_unused]] ssize_t n = read(ready_fd_, &drained, sizeof drained);
+      }
+    }
+    py::list out;
+    for (auto& c : got) {
+      py::list outputs;
+      const auto& resp = c->response;
+      if (c->status.ok()) {
+        if (resp.raw_output_contents_size() != resp.outputs_size()) {
+          out.append(py::make_tuple(c->token, static_cast<int>(grpc::StatusCode::INTERNAL),
+                                    "answered without raw output contents", c->ready, outputs));
+          continue;
+        }
+        for (int i = 0; i < resp.outputs_size(); ++i) {
+          const std::string& raw = resp.raw_output_contents(i);
+          outputs.append(py::make_tuple(resp.outputs(i).name(), py::bytes(raw.data(), raw.size())));
+        }
+      }
+      out.append(py::make_tuple(c->token, static_cast<int>(c->status.error_code()), c->status.error_message(),
+                                c->ready, outputs));
+    }
+    return out;
+  }
+
+ private:
+  struct Pending {
+    uint64_t token = 0;
+    grpc::ClientContext context;
+    inference::ModelInferRequest request;
+    inference::ModelInferResponse response;
+    grpc::Status status;
+    std::shared_ptr<grpc::Channel> channel;
+    bool ready = false;
+  };
+  struct Worker {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<GRPCInferenceService::Stub> stub;
+  };
+
+  Worker& WorkerFor(const std::string& url) {
+    std::lock_guard<std::mutex> lock(workers_mu_);
+    auto& w = workers_[url];
+    if (!w.stub) {
+      grpc::ChannelArguments args;  // as live/workers.py's CHANNEL_OPTIONS
+      args.SetMaxReceiveMessageSize(-1);
+      args.SetMaxSendMessageSize(-1);
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      w.channel = grpc::CreateCustomChannel(url, grpc::InsecureChannelCredentials(), args);
+      w.stub = GRPCInferenceService::NewStub(w.channel);
+    }
+    return w;
+  }
+
+  int ready_fd_ = -1;
+  std::mutex mu_;
+  std::deque<std::unique_ptr<Pending>> done_;
+  bool signalled_ = false;
+  std::mutex workers_mu_;
+  std::unordered_map<std::string, Worker> workers_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_edge, m) {
@@ -529,5 +667,11 @@ PYBIND11_MODULE(_edge, m) {
       .def("fail", &Edge::Fail, py::arg("id"), py::arg("code"), py::arg("message"), py::arg("error_class"))
       .def("stats", &Edge::Stats)
       .def("stop", &Edge::Stop, py::call_guard<py::gil_scoped_release>());
+  py::class_<Client>(m, "Client")
+      .def(py::init<>())
+      .def_property_readonly("fd", &Client::fd)
+      .def("infer", &Client::Infer, py::arg("token"), py::arg("url"), py::arg("model"), py::arg("version"),
+           py::arg("inputs"), py::arg("parameters"), py::arg("timeout_us"))
+      .def("take", &Client::Take, py::arg("limit"));
   m.def("monotonic_us", &MonotonicUs);
 }

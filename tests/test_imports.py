@@ -12,7 +12,7 @@ PACKAGES = ("python_backend", "scheduler_sidecar", "export", "loadtest")
 # lowest first; a unit imports only units of lower layers (and itself). The README's layout table says why.
 LAYERS = (
     ("python_backend", "scheduler_sidecar", "scheduler_sidecar.errors"),  # the package's __init__ is empty
-    ("scheduler_sidecar.core", "scheduler_sidecar.processes"),
+    ("scheduler_sidecar.core", "scheduler_sidecar.processes", "scheduler_sidecar.native"),
     ("scheduler_sidecar.sim", "scheduler_sidecar.live", "scheduler_sidecar.systems"),
     ("scheduler_sidecar.server", "export"),
     ("loadtest",),

@@ -375,11 +375,13 @@ def test_perf_analyzer_runs_against_the_sidecar(perf_analyzer, patient_sidecar, 
     assert re.search(r"Concurrency: 2, throughput: [0-9.]+ infer/sec", result.stdout)
 
 
-def test_a_killed_worker_loses_no_request(fast_build, images):
-    """Kill one of two Tritons under load: every request is answered or gets an explicit error."""
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_killed_worker_loses_no_request(fast_build, images, edge):
+    """Kill one of two Tritons under load: every request is answered or gets an explicit error (on the native edge
+    the batches go out from C++, and a lost worker's status is told from its answer there)."""
     with TritonServer(repository=fast_build.repository) as a, TritonServer(repository=fast_build.repository) as b, \
             SidecarServer(workers=[a.grpc_url, b.grpc_url], profile=fast_build.profile_path,
-                          extra_args=["--admin-token", TOKEN]) as server:
+                          extra_args=["--admin-token", TOKEN, "--edge", edge]) as server:
         n, killed_after = 300, 100
 
         async def load():

@@ -125,9 +125,14 @@ def set_parameter(parameter: pb.InferParameter, value: object) -> None:
 
 def _worker_error(url: str, exc: grpc.aio.AioRpcError, lost: tuple[grpc.StatusCode, ...] = LOST,
                   channel: grpc.ChannelConnectivity | None = None) -> WorkerError:
+    return status_error(url, exc.code(), exc.details(), lost, channel)
+
+
+def status_error(url: str, code: grpc.StatusCode, details: str, lost: tuple[grpc.StatusCode, ...] = LOST,
+                 channel: grpc.ChannelConnectivity | None = None) -> WorkerError:
     """The typed error of a failed call, told by its status and, for a lost worker, the channel's state (a channel
     that is not READY never had the call: the worker is unreachable), never by the message's words."""
-    message, code = f"worker {url}: {exc.details()}", exc.code()
+    message = f"worker {url}: {details}"
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return WorkerTimeout(message, worker=url)
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -247,21 +252,26 @@ class TritonWorker:
 
 def split_rows(url: str, call: InferCall, response: pb.ModelInferResponse) -> list[dict[str, bytes]]:
     """A batch's raw outputs back into one row per query; a malformed answer is the worker's failure."""
+    if len(response.raw_output_contents) != len(response.outputs):
+        raise WorkerFailed(f"worker {url} answered without raw output contents")
+    return split_outputs(url, call, [(t.name, raw) for t, raw in zip(response.outputs, response.raw_output_contents)])
+
+
+def split_outputs(url: str, call: InferCall, outputs: Iterable[tuple[str, bytes]]) -> list[dict[str, bytes]]:
+    """Each output's raw bytes (name, bytes), split into one row per query."""
     k = call.rows
     wanted = {t.name: t for t in call.outputs}
     rows: list[dict[str, bytes]] = [{} for _ in range(k)]
-    if len(response.raw_output_contents) != len(response.outputs):
-        raise WorkerFailed(f"worker {url} answered without raw output contents")
-    for tensor, raw in zip(response.outputs, response.raw_output_contents):
-        spec = wanted.get(tensor.name)
+    for name, raw in outputs:
+        spec = wanted.get(name)
         if spec is None:
             continue
         size = spec.row_bytes
         if len(raw) != size * k:
-            raise WorkerFailed(f"worker {url}: output '{tensor.name}' has {len(raw)} bytes, expected {size * k} "
+            raise WorkerFailed(f"worker {url}: output '{name}' has {len(raw)} bytes, expected {size * k} "
                                f"for {k} rows")
         for i in range(k):
-            rows[i][tensor.name] = raw[i * size:(i + 1) * size]
+            rows[i][name] = raw[i * size:(i + 1) * size]
     return rows
 
 

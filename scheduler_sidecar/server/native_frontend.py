@@ -6,7 +6,8 @@ of requests costs one wake-up and one call into Python). Each request is checked
 end serves it
 (:func:`grpc_frontend.serve`). Its outputs go back to the edge, which builds, serializes and writes the answer.
 Every other method (health, metadata, config) the edge passes to the Python front end, which listens on a free
-loopback port behind it: what those answer has one implementation.
+loopback port behind it: what those answer has one implementation. The batches go to Triton from C++ as well
+(:mod:`scheduler_sidecar.live.native_worker`).
 
 A request's time in the edge counts against its slack: the edge stamps its arrival on the sidecar's clock, and the
 deadline it was given is kept from then.
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from tritonclient.grpc import service_pb2 as pb
 
 from scheduler_sidecar.errors import InternalError, RequestError
 from scheduler_sidecar.live.driver import now_us
+from scheduler_sidecar.live.native_worker import NativeClient, NativeTritonWorker
 from scheduler_sidecar.native import edge as native_edge
 from scheduler_sidecar.server import grpc_frontend
 from scheduler_sidecar.server.protocol import TensorIn, grpc_status
@@ -97,6 +100,12 @@ class NativeFrontend:
             self.edge.fail(rid, grpc_status(error.code).value[0], error.message, type(error).__name__)
             return
         self.edge.answer(rid, answer.tensors, answer.parameters)
+
+
+def connect() -> Callable[[str], NativeTritonWorker]:
+    """How the sidecar on the native edge reaches a worker: its batches through one C++ client for the process."""
+    client = NativeClient(native_edge())
+    return lambda url: NativeTritonWorker(url, client)
 
 
 async def start(sidecar: Sidecar, host: str, port: int) -> tuple[NativeFrontend, int]:

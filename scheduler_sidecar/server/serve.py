@@ -99,13 +99,15 @@ async def serve(config: sidecar_config.SidecarConfig, edge: str = "python") -> N
     # (grpc/grpc#38679, fixed in 1.75). One reference of our own for the process's life keeps that
     # teardown from running.
     grpc.aio.init_grpc_aio()
-    sidecar = Sidecar(config)
-    await sidecar.start()
     if edge == "native":
         from scheduler_sidecar.server import native_frontend  # lazy: builds or loads the native edge
 
+        sidecar = Sidecar(config, connect=native_frontend.connect())
+        await sidecar.start()
         grpc_server, grpc_port = await native_frontend.start(sidecar, config.host, config.grpc_port)
     else:
+        sidecar = Sidecar(config)
+        await sidecar.start()
         grpc_server, grpc_port = await grpc_frontend.start(sidecar, config.host, config.grpc_port)
     log.info("gRPC served by the %s edge", edge)
     http_runner, http_port = await http_frontend.start(sidecar, config.host, config.http_port)

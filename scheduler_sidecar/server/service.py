@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from importlib import metadata as importlib_metadata
 
@@ -51,7 +51,8 @@ WARM_UP_SLO_US = 1_000_000
 
 
 class Sidecar:
-    def __init__(self, config: SidecarConfig) -> None:
+    def __init__(self, config: SidecarConfig, connect: Callable[[str], Worker] | None = None) -> None:
+        """``connect``: how a worker's URL becomes a :class:`Worker` (the native edge's sends batches from C++)."""
         self.config = config
         self.metrics = Metrics()
         self.profiles = {m.name: Profile.load(m.profile) for m in config.models}
@@ -61,7 +62,8 @@ class Sidecar:
         self.unplanned = self._triton_models(m.name for m in config.unplanned)
         # which Tritons and slots there are, their health and owners: shared by the health checks and the driver
         self.membership = Membership()
-        self.pool = WorkerPool(self.unplanned, interval_s=config.health_interval_s, membership=self.membership)
+        self.pool = WorkerPool(self.unplanned, interval_s=config.health_interval_s, membership=self.membership,
+                               **({"connect": connect} if connect else {}))
         self.planners: list[Planner] = []  # one per config.planners entry, once built
         self.models: dict[str, LiveModel] = {}
         self.infos: dict[str, ModelInfo] = {}  # what the front ends see of each model
