@@ -70,6 +70,15 @@ def hybridserve_family():
     return Family.load(build(REPO_ROOT / DEFAULT_BUILD_DIR / "hybridserve"))
 
 
+@pytest.fixture(scope="session")
+def native_edge():
+    """The native edge, built here (two minutes on 2 cores, the first time) before a sidecar on it starts: a sidecar
+    that built it itself would outlast its start-up wait."""
+    from scheduler_sidecar.native import edge
+
+    return edge()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first: spread over pytest-xdist's workers, the long ones start early instead of ending the run on
     one worker while the others idle."""

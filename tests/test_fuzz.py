@@ -50,6 +50,8 @@ def sidecar(fast_build, triton, tmp_path_factory, request):
     """The fuzzed sidecar, on the gRPC edge a test names (``indirect`` parametrization), else Python's: HTTP is
     Python's on both edges, so its tests run once."""
     edge = getattr(request, "param", "python")
+    if edge == "native":
+        request.getfixturevalue("native_edge")
     config = tmp_path_factory.mktemp("fuzz") / "sidecar.toml"
     config.write_text(f"max_request_bytes = {LIMIT}\nread_timeout_s = {READ_TIMEOUT_S}\n"
                       f"idle_timeout_s = {IDLE_TIMEOUT_S}\n\n[[models]]\nname = \"digits\"\n"

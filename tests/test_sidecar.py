@@ -36,6 +36,8 @@ EDGES = ("python", "native")
 
 @pytest.fixture(scope="module", params=EDGES)
 def sidecar(fast_build, triton, request):
+    if request.param == "native":
+        request.getfixturevalue("native_edge")
     with SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path,
                        extra_args=["--admin-token", TOKEN, "--edge", request.param]) as server:
         yield server
@@ -354,6 +356,8 @@ def perf_analyzer():
 def patient_sidecar(fast_build, triton, request):
     """A sidecar whose default SLO (2 s) no busy machine misses: perf_analyzer stops at the first refusal, and over
     HTTP it cannot send an SLO of its own."""
+    if request.param == "native":
+        request.getfixturevalue("native_edge")
     with SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path,
                        extra_args=["--default-slo-ms", "2000", "--edge", request.param]) as server:
         yield server
@@ -376,9 +380,11 @@ def test_perf_analyzer_runs_against_the_sidecar(perf_analyzer, patient_sidecar, 
 
 
 @pytest.mark.parametrize("edge", EDGES)
-def test_a_killed_worker_loses_no_request(fast_build, images, edge):
+def test_a_killed_worker_loses_no_request(fast_build, images, edge, request):
     """Kill one of two Tritons under load: every request is answered or gets an explicit error (on the native edge
     the batches go out from C++, and a lost worker's status is told from its answer there)."""
+    if edge == "native":
+        request.getfixturevalue("native_edge")
     with TritonServer(repository=fast_build.repository) as a, TritonServer(repository=fast_build.repository) as b, \
             SidecarServer(workers=[a.grpc_url, b.grpc_url], profile=fast_build.profile_path,
                           extra_args=["--admin-token", TOKEN, "--edge", edge]) as server:

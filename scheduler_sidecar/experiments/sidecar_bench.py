@@ -50,6 +50,7 @@ import numpy as np
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.experiments.deployment import deploy
 from scheduler_sidecar.experiments.perf_analyzer import ensure
+from scheduler_sidecar.native import edge as edge_module
 from scheduler_sidecar.native import program
 from scheduler_sidecar.processes.die_with_parent import wrap
 from scheduler_sidecar.processes.sidecar import SidecarServer
@@ -269,6 +270,8 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
         measure_profile(tritons[0].grpc_url, profile)
 
     binary = ensure()
+    if "native" in edges or floor:  # built here, before a sidecar on it would wait out its start-up for the build
+        edge_module(), program("accscale-floor")
     with tempfile.TemporaryDirectory() as tmp:
         repository, profile = Path(tmp) / "repository", Path(tmp) / "profile.json"
         write_static(repository, MODEL, trivial_model(), NUM_CLASSES, MODEL)

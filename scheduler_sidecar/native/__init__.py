@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import sysconfig
 from pathlib import Path
 from types import ModuleType
 
+log = logging.getLogger(__name__)
 SOURCE = Path(__file__).resolve().parents[2] / "native"
 # another build of the same sources (make fuzz-native's sanitized one) where ACCSCALE_NATIVE_BUILD names it
 BUILD = Path(os.environ.get("ACCSCALE_NATIVE_BUILD", SOURCE.parent / "build" / "native")).resolve()
@@ -50,14 +52,22 @@ def _built(name: str, path: Path, build: Path) -> Path:
         raise NativeUnavailable(f"{name} is not built and {', '.join(missing)} is missing: install {NEEDS} "
                                 "(make does where apt is present and it runs as root)")
     build.mkdir(parents=True, exist_ok=True)
+    configure = ["cmake", "-S", str(SOURCE), "-B", str(build), f"-DPYTHON={sys.executable}"]
+    make = ["cmake", "--build", str(build), "--target", name, "-j2"]
     with open(build / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        steps = [["cmake", "--build", str(build), "--target", name, "-j2"]]
         if not (build / "CMakeCache.txt").exists():
-            steps.insert(0, ["cmake", "-S", str(SOURCE), "-B", str(build), f"-DPYTHON={sys.executable}"])
-        for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True)
-            if done.returncode:
-                raise NativeUnavailable(f"building {name} failed ({' '.join(step[:2])}):\n{done.stdout[-2000:]}"
-                                        f"{done.stderr[-2000:]}")
+            log.info("building the native programs into %s (the first time: about two minutes)", build)
+            _run(name, configure)
+        # a folder configured before what the target needs was there (pybind11) lacks the target: configure again
+        if subprocess.run(make, capture_output=True).returncode:
+            _run(name, configure)
+            _run(name, make)
     return path
+
+
+def _run(name: str, step: list[str]) -> None:
+    done = subprocess.run(step, capture_output=True, text=True)
+    if done.returncode:
+        raise NativeUnavailable(f"building {name} failed ({' '.join(step[:2])}):\n{done.stdout[-2000:]}"
+                                f"{done.stderr[-2000:]}")
