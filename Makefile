@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test fuzz-native image test-deploy check-pythons clean
+.PHONY: demo test native fuzz-native image test-deploy check-pythons clean
 
 $(STAMP): pyproject.toml Makefile
 	@echo "== setting up $(VENV) (first run only)"
@@ -31,7 +31,13 @@ demo: $(STAMP)
 # minutes), and the slow ones are ordered first (tests/conftest.py)
 PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-test: $(STAMP)
+# the native edge, built before the tests (about two minutes the first time, then a no-op): a build that ran beside
+# them would slow the tests that time real traffic
+native: $(STAMP)
+	@echo "== the native edge (built the first time: about two minutes)"
+	$(BIN)/python -c "from scheduler_sidecar.native import edge; edge()"
+
+test: $(STAMP) native
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal
 
