@@ -437,8 +437,11 @@ def test_serve_refuses_a_bad_config_with_a_clear_error(tmp_path, triton):
     assert result.returncode == 2 and "unknown keys ['colour']" in result.stderr
 
 
-def test_sigterm_stops_the_sidecar_cleanly(fast_build, triton, images):
-    server = SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path)
+@pytest.mark.parametrize("edge", EDGES)
+def test_sigterm_stops_the_sidecar_cleanly(fast_build, triton, images, edge, request):
+    if edge == "native":
+        request.getfixturevalue("native_edge")
+    server = SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path, extra_args=["--edge", edge])
     server.start()
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         client.infer("digits", [grpc_input(images[:1])], parameters=SLO)
