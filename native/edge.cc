@@ -195,12 +195,9 @@ class Edge {
   }
 
   void Answer(uint64_t id, const py::list& outputs, const py::dict& parameters) {
-    std::shared_ptr<Pending> pending = Claim(id);
-    if (!pending) return;  // the client left, or the call ended
+    // the response is built before the request is claimed: a value that cannot be converted raises here, and the
+    // request is still pending for Python to fail
     inference::ModelInferResponse response;
-    response.set_model_name(pending->model);
-    response.set_model_version(pending->version);
-    response.set_id(pending->request_id);
     for (auto item : parameters) {
       auto& p = (*response.mutable_parameters())[py::cast<std::string>(item.first)];
       py::handle v = item.second;
@@ -220,6 +217,11 @@ class Edge {
       if (PyBytes_AsStringAndSize(t[3].ptr(), &data, &size) != 0) throw py::error_already_set();
       response.add_raw_output_contents(data, static_cast<size_t>(size));
     }
+    std::shared_ptr<Pending> pending = Claim(id);
+    if (!pending) return;  // the client left, or the call ended
+    response.set_model_name(pending->model);
+    response.set_model_version(pending->version);
+    response.set_id(pending->request_id);
     py::gil_scoped_release unlocked;
     std::lock_guard<std::recursive_mutex> lock(pending->call->mu);
     if (pending->call->call) pending->call->call->Respond(id, &response, nullptr, "");
@@ -388,6 +390,7 @@ void Call::OnReadDone(bool ok) {
     return;
   }
   std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (finished_) return;  // the call has ended (a broken stream, a cancel): nothing more is read or written
   if (!ok) {  // the client has sent its last request (a stream), or none at all
     reads_done_ = true;
     if (kind_ == Kind::kInfer && pending_.empty() && !finished_) {
@@ -496,6 +499,12 @@ void Call::OnCancel() {
   {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     withdrawn.swap(pending_);
+    // nothing will answer this call now: it ends here (a write in flight ends it in OnWriteDone), or it would never
+    // be done and the server's shutdown would wait for it for ever
+    if (kind_ != Kind::kForward && !finished_ && !writing_) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"));
+    }
   }
   if (kind_ == Kind::kForward) forward_ctx_.TryCancel();
   if (!withdrawn.empty()) edge_->Withdraw(withdrawn);

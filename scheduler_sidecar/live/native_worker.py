@@ -44,10 +44,10 @@ class NativeClient:
         token = next(self._tokens)
         future = self._futures[token] = loop.create_future()
         parameters = {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v) for k, v in call.parameters}
-        self.client.infer(token, url, call.model, call.version,
-                          [(spec.name, spec.datatype, [call.rows, *spec.dims], rows) for spec, rows in call.inputs],
-                          parameters, max(1, round(timeout_s * 1e6)))
         try:
+            self.client.infer(token, url, call.model, call.version,
+                              [(spec.name, spec.datatype, [call.rows, *spec.dims], rows) for spec, rows in call.inputs],
+                              parameters, max(1, round(timeout_s * 1e6)))
             return await future
         finally:
             self._futures.pop(token, None)  # a batch abandoned by its caller: its answer is dropped when it comes

@@ -89,17 +89,15 @@ class NativeFrontend:
                                 for name, datatype, shape, raw in inputs]
             answer = await grpc_frontend.serve(self.sidecar, model, version, params, read, outputs, budget_us,
                                                waited_us)
+            self.edge.answer(rid, answer.tensors, answer.parameters)
         except asyncio.CancelledError:
             return
         except RequestError as exc:
             self.edge.fail(rid, grpc_status(exc.code).value[0], exc.message, type(exc).__name__)
-            return
-        except Exception as exc:  # a bug: still this request's answer, and marked as the sidecar's
+        except Exception as exc:  # a bug (or an answer the edge could not take): still this request's answer
             log.exception("a request failed")
             error = InternalError(f"{type(exc).__name__}: {exc}")
             self.edge.fail(rid, grpc_status(error.code).value[0], error.message, type(error).__name__)
-            return
-        self.edge.answer(rid, answer.tensors, answer.parameters)
 
 
 def connect() -> Callable[[str], NativeTritonWorker]:
