@@ -58,6 +58,18 @@ bool Parse(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
   return message->ParseFromArray(slice.begin(), static_cast<int>(slice.size()));
 }
 
+// Python values as KServe parameters, as the Python worker sets them: bool, int, float, else their str.
+void SetParameters(google::protobuf::Map<std::string, inference::InferParameter>* out, const py::dict& parameters) {
+  for (auto item : parameters) {
+    auto& p = (*out)[py::cast<std::string>(item.first)];
+    py::handle v = item.second;
+    if (py::isinstance<py::bool_>(v)) p.set_bool_param(v.cast<bool>());
+    else if (py::isinstance<py::int_>(v)) p.set_int64_param(v.cast<int64_t>());
+    else if (py::isinstance<py::float_>(v)) p.set_double_param(v.cast<double>());
+    else p.set_string_param(py::str(v).cast<std::string>());
+  }
+}
+
 grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
   std::string bytes = message.SerializeAsString();
   grpc::Slice slice(std::move(bytes));
@@ -198,14 +210,7 @@ class Edge {
     // the response is built before the request is claimed: a value that cannot be converted raises here, and the
     // request is still pending for Python to fail
     inference::ModelInferResponse response;
-    for (auto item : parameters) {
-      auto& p = (*response.mutable_parameters())[py::cast<std::string>(item.first)];
-      py::handle v = item.second;
-      if (py::isinstance<py::bool_>(v)) p.set_bool_param(v.cast<bool>());
-      else if (py::isinstance<py::int_>(v)) p.set_int64_param(v.cast<int64_t>());
-      else if (py::isinstance<py::float_>(v)) p.set_double_param(v.cast<double>());
-      else p.set_string_param(py::str(v).cast<std::string>());
-    }
+    SetParameters(response.mutable_parameters(), parameters);
     for (auto item : outputs) {
       auto t = item.cast<py::tuple>();  // (name, datatype, shape, raw bytes)
       auto* out = response.add_outputs();
@@ -560,14 +565,7 @@ class Client {
         raw->append(data, static_cast<size_t>(size));
       }
     }
-    for (auto item : parameters) {
-      auto& p = (*r.mutable_parameters())[py::cast<std::string>(item.first)];
-      py::handle v = item.second;
-      if (py::isinstance<py::bool_>(v)) p.set_bool_param(v.cast<bool>());
-      else if (py::isinstance<py::int_>(v)) p.set_int64_param(v.cast<int64_t>());
-      else if (py::isinstance<py::float_>(v)) p.set_double_param(v.cast<double>());
-      else p.set_string_param(py::str(v).cast<std::string>());
-    }
+    SetParameters(r.mutable_parameters(), parameters);
     call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::microseconds(timeout_us));
     py::gil_scoped_release unlocked;
     Worker& worker = WorkerFor(url);
