@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from export import data, onnx_writer, repository
+from export import data, onnx_writer, repository, torch_weights
 from export.cache import exclusive, fresh, stamp
 from export.presets import MEASURED_BATCH_SIZES, NORMS
 from export.subnetact import NormStats, SubNetAct, extract_subnet
@@ -226,7 +226,7 @@ def shortlist(candidates: Sequence[Candidate], fronts: int = SHORTLIST_FRONTS) -
 
 
 def export_supernet(act: SubNetAct, candidates: Sequence[Candidate], repo: Path, name: str = SUPERNET_MODEL,
-                    norms: str = "shared", **config: int) -> Path:
+                    norms: str = "shared", **config: int | str) -> Path:
     """Write the supernet with SubnetNorm tables for ``candidates`` (in that SUBNET order): ``norms`` "shared"
     (:func:`~export.onnx_writer.supernet_model`) or "folded" (:func:`~export.onnx_writer.folded_supernet_model`)."""
     if norms not in NORMS:
@@ -235,17 +235,20 @@ def export_supernet(act: SubNetAct, candidates: Sequence[Candidate], repo: Path,
     table = SubnetTable(act.layout, tuple(c.row for c in candidates))
     model = (onnx_writer.folded_supernet_model(act, table.rows, name, costs=[c.macs for c in candidates])
              if norms == "folded" else onnx_writer.supernet_model(act, name))
-    return repository.write_supernet(repo, name, model, table, act.spec.num_classes, **config)
+    return repository.write_supernet(repo, name, model, table, act.spec.num_classes,
+                                     weights=torch_weights.cnn(act), **config)
 
 
 def export_static(act: SubNetAct, candidate: Candidate, repo: Path, supernet_name: str = SUPERNET_MODEL,
-                  **config: int) -> Path:
+                  **config: int | str) -> Path:
     """Write one subnet as its own Triton model (sliced weights, its own statistics)."""
     act.set_norm_tables([candidate.stats])
     act.set_subnet(candidate.row, 0)
     name = repository.static_model_name(supernet_name, candidate.subnet_id)
-    model = onnx_writer.static_model(extract_subnet(act), name)
-    return repository.write_static(repo, name, model, act.spec.num_classes, candidate.subnet_id, **config)
+    static = extract_subnet(act)
+    model = onnx_writer.static_model(static, name)
+    return repository.write_static(repo, name, model, act.spec.num_classes, candidate.subnet_id,
+                                   weights=torch_weights.cnn(static), **config)
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

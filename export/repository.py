@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
@@ -20,6 +21,7 @@ from export.onnx_writer import save
 from python_backend.control import ControlLayout
 from python_backend.pipeline import MAX_OBJECTS
 from python_backend.runners import MODEL_FILE, SUBNETS_FILE, SubnetTable
+from python_backend.torch_runtime import WEIGHTS_FILE, write_weights
 from scheduler_sidecar.errors import ConfigError
 
 SHIM = '''"""Thin shim: the model's logic lives in the accscale package (python_backend)."""
@@ -33,10 +35,11 @@ def static_model_name(supernet_name: str, subnet_id: str) -> str:
 
 
 Tensor = tuple[str, str, list[int]]  # (name, Triton data type, dims without the batch dimension)
+Weights = tuple[dict, dict[str, np.ndarray]]  # the GPU runtime's architecture and tensors (export.torch_weights)
 
 
 def _config(name: str, inputs: list[Tensor], outputs: list[Tensor], params: dict[str, str], max_batch_size: int,
-            instances: int, queue_delay_us: int = 0) -> str:
+            instances: int, queue_delay_us: int = 0, kind: str = "KIND_CPU") -> str:
     def tensor(n: str, dtype: str, dims: list[int]) -> str:
         # a tensor that is only the batch (a label per row) is served as dims [1], reshaped to none
         reshape = "" if dims else " reshape: { shape: [ ] }"
@@ -60,13 +63,13 @@ input [
 output [
 {output_text}
 ]
-{batcher}instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+{batcher}instance_group [ {{ count: {instances} kind: {kind} }} ]
 {parameters}
 """
 
 
 def _write_model(repository: Path, name: str, model: onnx.ModelProto | None, config: str,
-                 extra: dict[str, str], module: str = "triton_model") -> Path:
+                 extra: dict[str, str], module: str = "triton_model", weights: Weights | None = None) -> Path:
     model_dir = repository / name
     repository.mkdir(parents=True, exist_ok=True)
     # built beside the repository, so an interrupted export leaves nothing Triton would try to load
@@ -78,6 +81,8 @@ def _write_model(repository: Path, name: str, model: onnx.ModelProto | None, con
     (tmp / "1" / "model.py").write_text(SHIM.format(module=module))
     for file_name, text in extra.items():
         (tmp / "1" / file_name).write_text(text)
+    if weights is not None:  # the GPU runtime's copy of the network (python_backend.torch_runtime)
+        write_weights(tmp / "1" / WEIGHTS_FILE, *weights)
     (tmp / "config.pbtxt").write_text(config)
     shutil.rmtree(model_dir, ignore_errors=True)
     tmp.rename(model_dir)
@@ -85,27 +90,29 @@ def _write_model(repository: Path, name: str, model: onnx.ModelProto | None, con
 
 
 def write_supernet(repository: Path, name: str, model: onnx.ModelProto, table: SubnetTable, num_classes: int, *,
-                   files: dict[str, str] | None = None, max_batch_size: int = 64, instances: int = 1,
-                   threads: int = 1) -> Path:
+                   files: dict[str, str] | None = None, weights: Weights | None = None, max_batch_size: int = 64,
+                   instances: int = 1, threads: int = 1, kind: str = "KIND_CPU") -> Path:
     """A supernet model: the graph's ``INPUT`` and the CONTROL rows of ``table``'s layout, which its config
-    declares; ``files`` go beside the graph (a tokenizer's vocabulary)."""
+    declares; ``files`` go beside the graph (a tokenizer's vocabulary); ``kind`` "KIND_GPU" runs it on the GPU
+    runtime (python_backend.triton_model.runtime_of)."""
     layout: ControlLayout = table.layout
     config = _config(
         name, [_graph_input(model), ("CONTROL", "TYPE_INT32", [layout.num_fields])],
         [("LOGITS", "TYPE_FP32", [num_classes])],
         {"runner": "supernet", "intra_op_threads": str(threads), "control_layout": layout.to_json()},
-        max_batch_size, instances,
+        max_batch_size, instances, kind=kind,
     )
-    return _write_model(repository, name, model, config, {SUBNETS_FILE: table.to_json(), **(files or {})})
+    return _write_model(repository, name, model, config, {SUBNETS_FILE: table.to_json(), **(files or {})},
+                        weights=weights)
 
 
 def write_static(repository: Path, name: str, model: onnx.ModelProto, num_classes: int, subnet_id: str, *,
-                 files: dict[str, str] | None = None, max_batch_size: int = 64, instances: int = 1,
-                 threads: int = 1, queue_delay_us: int = 0) -> Path:
+                 files: dict[str, str] | None = None, weights: Weights | None = None, max_batch_size: int = 64,
+                 instances: int = 1, threads: int = 1, queue_delay_us: int = 0, kind: str = "KIND_CPU") -> Path:
     config = _config(name, [_graph_input(model)], [("LOGITS", "TYPE_FP32", [num_classes])],
                      {"runner": "static", "intra_op_threads": str(threads), "subnet": subnet_id},
-                     max_batch_size, instances, queue_delay_us)
-    return _write_model(repository, name, model, config, files or {})
+                     max_batch_size, instances, queue_delay_us, kind)
+    return _write_model(repository, name, model, config, files or {}, weights=weights)
 
 
 def _graph_input(model: onnx.ModelProto, name: str = "INPUT") -> Tensor:

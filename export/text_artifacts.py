@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export import onnx_writer, text_data, transformer, transformer_onnx
+from export import onnx_writer, text_data, torch_weights, transformer, transformer_onnx
 from export.cache import exclusive, file_hash, fresh, hash_parts, stamp
 from export.presets import DEFAULT_BUILD_DIR, MEASURED_BATCH_SIZES, PROFILE_REPEATS
 from export.profiler import Calibration, Candidate, cached_profile, profile_candidates
@@ -118,16 +118,17 @@ def all_rows(model: transformer.ElasticEncoder) -> list[tuple[int, ...]]:
 
 
 def export_supernet(model: transformer.ElasticEncoder, tokenizer: Tokenizer, candidates: Sequence[Candidate],
-                    repo: Path, name: str = TEXT_MODEL, **config: int) -> Path:
+                    repo: Path, name: str = TEXT_MODEL, **config: int | str) -> Path:
     """The supernet model serving ``candidates``, the vocabulary beside it."""
     table = SubnetTable(model.layout, tuple(c.row for c in candidates))
     return write_supernet(repo, name, transformer_onnx.supernet_model(model, name), table, model.spec.num_classes,
-                          files={VOCAB_FILE: tokenizer.text()}, **config)
+                          files={VOCAB_FILE: tokenizer.text()}, weights=torch_weights.encoder(model), **config)
 
 
 def export_static(model: transformer.ElasticEncoder, tokenizer: Tokenizer, candidate: Candidate, repo: Path,
-                  supernet_name: str = TEXT_MODEL, **config: int) -> Path:
+                  supernet_name: str = TEXT_MODEL, **config: int | str) -> Path:
     name = static_model_name(supernet_name, candidate.subnet_id)
     return write_static(repo, name, transformer_onnx.static_model(model, candidate.row, name), model.spec.num_classes,
-                        candidate.subnet_id, files={VOCAB_FILE: tokenizer.text()}, **config)
+                        candidate.subnet_id, files={VOCAB_FILE: tokenizer.text()},
+                        weights=torch_weights.encoder(model, candidate.row), **config)
 

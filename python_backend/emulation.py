@@ -64,6 +64,11 @@ class Padding:
         # (what ran, batch size) -> fastest compute seen (a model with no profile)
         self._fastest: dict[tuple[tuple[int, ...], int], float] = {}
 
+    @property
+    def by_subnet(self) -> bool:
+        """Whether :meth:`pad` needs to know which subnets a batch ran (it times each apart when no profile says)."""
+        return self.factor > 1 and self.sizes is None
+
     def pad(self, batch_size: int, started: float, ran: tuple[int, ...] = ()) -> None:
         """The batch of ``batch_size`` rows began computing at ``started`` (``time.perf_counter()``); ``ran``: the
         subnets it ran, in a supernet."""

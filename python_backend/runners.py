@@ -10,6 +10,7 @@ variant. Both take and return numpy arrays; the Triton adapter lives in
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,24 @@ from python_backend.pipeline import components
 
 SUBNETS_FILE = "subnets.json"  # beside the supernet's model.onnx: the calibrated subnets in SUBNET order
 MODEL_FILE = "model.onnx"
+ENGINES = ("onnxruntime", "torch")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What runs a model: onnxruntime (the CPU runtime, and the default) or torch on ``device`` (the GPU runtime,
+    :mod:`python_backend.torch_runtime`, which reads the model's ``weights.npz``)."""
+
+    engine: str = "onnxruntime"
+    device: str = "cpu"  # torch's device: "cuda", "cuda:1" or "cpu"
+    layout: str = "prefix"  # torch_runtime.WEIGHT_LAYOUTS
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"runtime must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine == "onnxruntime" and self.device != "cpu":
+            raise ValueError(f"the onnxruntime runtime runs on the CPU here; device {self.device!r} needs runtime "
+                             f"'torch'")
 
 
 def make_session(path: Path, threads: int, profile_prefix: str | None = None):
@@ -89,20 +108,37 @@ class SubnetTable:
 class SupernetRunner:
     """Runs batches whose rows may name different subnets, one session call per subnet."""
 
-    def __init__(self, version_dir: Path, threads: int = 1) -> None:
+    def __init__(self, version_dir: Path, threads: int = 1, runtime: Runtime | None = None) -> None:
         self.table = SubnetTable.from_json((version_dir / SUBNETS_FILE).read_text())
         self.layout = self.table.layout
         self._index = self.table.index()
         # raw CONTROL row bytes (INT32, as Triton delivers them) -> SUBNET index: the per-request fast path
         self._by_bytes = {np.asarray(row, dtype=np.int32).tobytes(): i for i, row in enumerate(self.table.rows)}
-        self.session = make_session(version_dir / MODEL_FILE, threads)
-        self._feed_cache = self.table.feeds(self.session)  # SUBNET index -> the control inputs of the ONNX graph
+        runtime = runtime or Runtime()
+        if runtime.engine == "torch":
+            from python_backend.torch_runtime import TorchEngine  # lazy: torch
+
+            engine = TorchEngine(version_dir, runtime.device, runtime.layout)
+            # SubNetAct on torch: every subnet's weight and statistics views, built once; switching picks a plan
+            plans = [engine.network.plan(row, i) for i, row in enumerate(self.table.rows)]
+            self._run_subnet: Callable[[np.ndarray, int], np.ndarray] = lambda x, i: engine(plans[i], x)
+            self.network = engine.network
+        else:
+            session = make_session(version_dir / MODEL_FILE, threads)
+            feeds = self.table.feeds(session)  # SUBNET index -> the control inputs of the ONNX graph
+            self._run_subnet = lambda x, i: session.run(["LOGITS"], {"INPUT": x, **feeds[i]})[0]
 
     def subnet_indices(self, control: np.ndarray) -> np.ndarray:
         """SUBNET index of every row; ControlError names the first bad row and field."""
         if control.ndim != 2:
             raise ControlError(f"CONTROL must be [batch, {self.layout.num_fields}], got shape {list(control.shape)}")
-        if len(control) and (control == control[0]).all():  # the usual case: one subnet per batch
+        if control.dtype == np.int32 and len(control):  # the usual case: every row names one canonical subnet
+            first = control[0].tobytes()
+            index = self._by_bytes.get(first)
+            # comparing bytes costs a fraction of numpy's elementwise test on these few values
+            if index is not None and control.tobytes() == first * len(control):
+                return np.full(len(control), index, dtype=np.int64)
+        if len(control) and (control == control[0]).all():  # one subnet, spelled another way
             return np.full(len(control), self._index_of(control[0], 0), dtype=np.int64)
         distinct, first, inverse = np.unique(control, axis=0, return_index=True, return_inverse=True)
         indices = np.array([self._index_of(row, int(i)) for row, i in zip(distinct, first)], dtype=np.int64)
@@ -138,13 +174,13 @@ class SupernetRunner:
         if len(subnet_of_row) != len(images) or len(images) == 0:
             raise ControlError(f"CONTROL has {len(subnet_of_row)} rows for a batch of {len(images)} inputs")
         first = subnet_of_row[0]
-        if (subnet_of_row == first).all():  # the usual case: the whole batch runs one subnet
-            return self.session.run(["LOGITS"], {"INPUT": images, **self._feeds(int(first))})[0]
+        if len(subnet_of_row) == 1 or (subnet_of_row == first).all():  # the usual case: one subnet
+            return self._run_subnet(images, int(first))
         out: np.ndarray | None = None
         for subnet in np.unique(subnet_of_row):
             rows = np.flatnonzero(subnet_of_row == subnet)
             group = images if len(rows) == len(images) else images[rows]
-            logits = self.session.run(["LOGITS"], {"INPUT": group, **self._feeds(int(subnet))})[0]
+            logits = self._run_subnet(group, int(subnet))
             if len(rows) == len(images):
                 return logits
             if out is None:
@@ -152,9 +188,6 @@ class SupernetRunner:
             out[rows] = logits
         assert out is not None
         return out
-
-    def _feeds(self, subnet: int) -> dict[str, np.ndarray]:
-        return self._feed_cache[subnet]
 
     def warm_up(self, images: np.ndarray) -> int:
         """Run every calibrated subnet once on ``images`` (any input: images or token ids); returns the number of
@@ -167,11 +200,21 @@ class SupernetRunner:
 class StaticRunner:
     """Runs one statically exported variant."""
 
-    def __init__(self, version_dir: Path, threads: int = 1) -> None:
-        self.session = make_session(version_dir / MODEL_FILE, threads)
+    def __init__(self, version_dir: Path, threads: int = 1, runtime: Runtime | None = None) -> None:
+        runtime = runtime or Runtime()
+        if runtime.engine == "torch":
+            from python_backend.torch_runtime import TorchEngine  # lazy: torch
+
+            engine = TorchEngine(version_dir, runtime.device, runtime.layout)
+            plan = engine.network.full_plan()
+            self._run: Callable[[np.ndarray], np.ndarray] = lambda x: engine(plan, x)
+            self.network = engine.network
+        else:
+            session = make_session(version_dir / MODEL_FILE, threads)
+            self._run = lambda x: session.run(["LOGITS"], {"INPUT": x})[0]
 
     def run(self, images: np.ndarray, subnet_of_row: np.ndarray | None = None) -> np.ndarray:
-        return self.session.run(["LOGITS"], {"INPUT": images})[0]
+        return self._run(images)
 
     def warm_up(self, images: np.ndarray) -> int:
         self.run(images)
@@ -181,7 +224,7 @@ class StaticRunner:
 class ComponentsRunner:
     """The Loki pipeline's classical detector (:func:`python_backend.pipeline.components`): no network."""
 
-    def __init__(self, version_dir: Path, threads: int = 1) -> None:
+    def __init__(self, version_dir: Path, threads: int = 1, runtime: Runtime | None = None) -> None:
         pass
 
     def run(self, images: np.ndarray, subnet_of_row: np.ndarray | None = None) -> np.ndarray:

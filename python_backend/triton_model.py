@@ -3,7 +3,8 @@
 ``model_repository/<model>/1/model.py`` only re-exports :class:`TritonPythonModel`. The
 model's ``config.pbtxt`` parameter ``runner`` says what to run: ``supernet`` (INPUT plus
 CONTROL, see :class:`~python_backend.runners.SupernetRunner`), ``static`` (INPUT only) or ``components``
-(the Loki pipeline's classical detector, no network).
+(the Loki pipeline's classical detector, no network); its instance group, or the parameter ``runtime``, says on what
+(:func:`runtime_of`: onnxruntime on the CPU, torch on a ``KIND_GPU`` instance's GPU).
 Every request gets its own response: a request whose CONTROL names no calibrated subnet
 gets INVALID_ARGUMENT and the other requests of the same dynamic batch are still served.
 A server started with ``accscale triton --emulate-slowdown F`` emulates a slower device kind
@@ -21,9 +22,19 @@ import triton_python_backend_utils as pb_utils
 
 from python_backend import emulation
 from python_backend.control import ControlError
-from python_backend.runners import ComponentsRunner, StaticRunner, SupernetRunner, release_free_heap
+from python_backend.runners import ComponentsRunner, Runtime, StaticRunner, SupernetRunner, release_free_heap
 
 RUNNERS = {"supernet": SupernetRunner, "static": StaticRunner, "components": ComponentsRunner}
+
+
+def runtime_of(args: dict, params: dict[str, str]) -> Runtime:
+    """The runtime an instance runs: the config parameter ``runtime`` if set (``onnxruntime`` or ``torch``), else
+    torch on the instance's GPU for a ``KIND_GPU`` instance group and onnxruntime on the CPU otherwise;
+    ``weight_layout`` is the GPU runtime's (:mod:`python_backend.torch_runtime`)."""
+    gpu = args.get("model_instance_kind") == "GPU"
+    engine = params.get("runtime", "torch" if gpu else "onnxruntime")
+    device = f"cuda:{args.get('model_instance_device_id', '0')}" if gpu and engine == "torch" else "cpu"
+    return Runtime(engine, device, params.get("weight_layout", "prefix"))
 
 
 class TritonPythonModel:
@@ -34,7 +45,12 @@ class TritonPythonModel:
         if kind not in RUNNERS:
             raise pb_utils.TritonModelException(f"parameter 'runner' must be one of {sorted(RUNNERS)}, got {kind!r}")
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.runner = RUNNERS[kind](version_dir, threads=int(params.get("intra_op_threads", "1")))
+        try:
+            runtime = runtime_of(args, params)
+            self.runner = RUNNERS[kind](version_dir, threads=int(params.get("intra_op_threads", "1")),
+                                        runtime=runtime)
+        except (ValueError, OSError) as exc:  # a runtime this model cannot take, or its files missing
+            raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from None
         self.has_control = kind == "supernet"
         try:
             self.metric_family, counter = emulation.compute_counter(pb_utils, args["model_name"])
@@ -82,7 +98,8 @@ class TritonPythonModel:
             failure = pb_utils.TritonError(f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
             return [self._error(errors[i]) if i in errors else pb_utils.InferenceResponse(error=failure)
                     for i in range(len(requests))]
-        ran = tuple(np.unique(np.concatenate(subnets)).tolist()) if subnets else ()
+        # which subnets ran matters only to an emulation without a latency profile: not worked out per batch else
+        ran = tuple(np.unique(np.concatenate(subnets)).tolist()) if subnets and self.padding.by_subnet else ()
         self.padding.pad(sum(sizes), start, ran)
         return [
             self._error(errors[i]) if i in errors
