@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test native fuzz-native image test-deploy check-pythons clean
+.PHONY: demo test native fuzz-native gpu-bundle gpu-check image image-gpu test-deploy check-pythons clean
 
 $(STAMP): pyproject.toml Makefile
 	@echo "== setting up $(VENV) (first run only)"
@@ -51,6 +51,15 @@ fuzz-native: $(STAMP)
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	  $(BIN)/python -m pytest -p no:cacheprovider tests/test_fuzz.py tests/test_sidecar.py -k native
 
+# the GPU check (scripts/gpu_check.py): `make gpu-bundle` here exports what it needs (both families' full supernets
+# and 6 static subnets each, about 40 MiB); `make gpu-check` runs every GPU test and bench on a machine with a GPU,
+# torch, numpy, onnx, onnxruntime and psutil, with no Triton and no network, and writes gpu-check/result.json
+GPU_BUNDLE ?= gpu-check/bundle
+gpu-bundle: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py bundle --out $(GPU_BUNDLE)
+gpu-check:
+	python3 scripts/gpu_check.py run --bundle $(GPU_BUNDLE) --out gpu-check/result.json
+
 # the deployment images (deploy/Dockerfile) on a Debian base made from packages; BASE=python:3.11-slim (or NVIDIA's
 # Triton image) where a registry is reachable
 BASE  ?= accscale-base:bookworm
@@ -59,6 +68,12 @@ image:
 	@if [ "$(BASE)" = accscale-base:bookworm ]; then deploy/base-image.sh $(BASE); fi
 	docker build --network host -f deploy/Dockerfile --build-arg BASE=$(BASE) --target sidecar -t $(IMAGE)-sidecar .
 	docker build --network host -f deploy/Dockerfile --build-arg BASE=$(BASE) --target triton -t $(IMAGE)-triton .
+
+# the GPU Triton image: NVIDIA's Triton with the python-backend models' code and torch (needs nvcr.io reachable)
+GPU_BASE ?= nvcr.io/nvidia/tritonserver:24.10-py3
+image-gpu:
+	docker build --network host -f deploy/Dockerfile --build-arg BASE=$(GPU_BASE) --target triton-gpu \
+	  -t $(IMAGE)-triton-gpu .
 
 # the compose stack end to end (tests/test_deploy.py): builds the images, starts two Tritons and the sidecar, runs
 # real clients, stops a Triton; needs a docker daemon

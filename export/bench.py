@@ -58,6 +58,14 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                    help="instead: where each subnet's time goes in the supernet and static graphs, by operator "
                         "category, in onnxruntime without a server")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--device", choices=("cuda", "cpu"),
+                   help="instead: the GPU runtime (torch) on this device, without a server (export.bench_torch)")
+    p.add_argument("--bench-set", type=Path,
+                   help="with --device: the models and inputs `scripts/gpu_check.py bundle` exported (default: export "
+                        "the built supernet now)")
+    p.add_argument("--weight-layout", choices=("prefix", "strided"), default="prefix",
+                   help="with --device: how the GPU runtime lays out the weights subnets slice along their input "
+                        "dimension (python_backend/torch_runtime.py)")
     add_family_option(p)
     p.add_argument("--norms", choices=NORMS,
                    help="the CNN supernet's graph, as `accscale export --norms` writes it (default: shared)")
@@ -71,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if args.norms and args.family != "cnn":
         raise ConfigError("--norms chooses how the CNN's SubnetNorm is written; the transformer has no norms to fold")
     export = {"norms": args.norms} if args.norms else {}
+    if args.device:
+        return _run_torch(args)
     if args.breakdown:
         rows = bench_breakdown(args.family, args.preset, args.build_dir, spread=args.spread, repeats=args.repeats,
                                **export)
@@ -92,6 +102,23 @@ def run(args: argparse.Namespace) -> int:
               f"{result['model_memory_supernet_mib']:.0f} MiB)")
         for b, ratio in result["exec_overhead"].items():
             print(f"exec_overhead   batch {b:>2}: {ratio:.2f}")
+    return 0
+
+
+def _run_torch(args: argparse.Namespace) -> int:
+    from export import bench_torch  # lazy: torch
+
+    if args.norms or args.breakdown:
+        raise ConfigError("--norms and --breakdown are the onnxruntime graph's; the GPU runtime (--device) has neither")
+    with tempfile.TemporaryDirectory(prefix="accscale-bench-") as tmp:
+        bench_set = args.bench_set or bench_torch.write_bench_set(args.family, args.preset, args.build_dir,
+                                                                  args.spread, Path(tmp), onnx=False)
+        result = bench_torch.bench(bench_set, args.device, repeats=args.repeats, loads=args.loads,
+                                   layout=args.weight_layout)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(markdown_table(result["goals"], ["goal", "target", "measured", "met"]))
     return 0
 
 
