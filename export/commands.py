@@ -46,6 +46,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add_build_options(parser)
     parser.add_argument("--instances", type=int, default=1, help="Triton model instances (worker slots) per model")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads per model instance")
+    parser.add_argument("--gpu", dest="kind", action="store_const", const="KIND_GPU", default="KIND_CPU",
+                        help="KIND_GPU instance groups: the models run on the GPU runtime (torch on CUDA, weights "
+                             "shared as views) in a GPU Triton; default KIND_CPU (onnxruntime)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -194,7 +197,8 @@ def run_profile(args: argparse.Namespace) -> int:
     built = build(args.family, args.preset, args.build_dir, mode=args.mode, repeats=args.repeats, rebuild=True,
                   out=args.out)
     profile, calibration, out = built.profile, built.calibration, built.profile_path
-    model_dir = built.export_supernet(built.pareto, args.repository, instances=args.instances, threads=args.threads)
+    model_dir = built.export_supernet(built.pareto, args.repository, instances=args.instances, threads=args.threads,
+                                      kind=args.kind)
     device = profile.device_kinds[0]
     lo, hi = profile.variants[0], profile.variants[-1]
     fastest = min(v.latency[device].p50_at(1) for v in profile.variants)
@@ -228,11 +232,12 @@ def run_export(args: argparse.Namespace) -> int:
     else:
         chosen = list(calibration.candidates)
     model_dir = export_supernet(act, chosen, args.repository, norms=args.norms, instances=args.instances,
-                                threads=args.threads)
+                                threads=args.threads, kind=args.kind)
     print(f"supernet model: {model_dir} ({len(chosen)} calibrated subnets), norms {args.norms}")
     static_ids = list(args.static) + ([v.id for v in profile.spread(args.static_spread)] if profile else [])
     for candidate in calibration.select(static_ids):
-        path = export_static(act, candidate, args.repository, instances=args.instances, threads=args.threads)
+        path = export_static(act, candidate, args.repository, instances=args.instances, threads=args.threads,
+                             kind=args.kind)
         print(f"static model: {path} ({candidate.subnet_id}, top-1 {100 * candidate.accuracy:.2f}%)")
     return 0
 

@@ -49,7 +49,16 @@ def containers(doc: dict) -> list[dict]:
 
 def test_the_ci_values_cover_the_chart_s_shapes():
     assert {v.name for v in VALUES} >= {"default-values.yaml", "shards-values.yaml", "existing-triton-values.yaml",
-                                        "nvidia-gpu-values.yaml"}
+                                        "nvidia-gpu-values.yaml", "accscale-gpu-values.yaml"}
+
+
+def test_the_project_s_models_on_gpus_get_a_gpu_each_and_nvidia_s_triton_on_the_repository():
+    (tritons,) = of_kind(render(CHART / "ci" / "accscale-gpu-values.yaml"), "StatefulSet")
+    (triton,) = containers(tritons)
+    assert triton["image"].startswith("accscale-triton-gpu:")
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "command" not in triton and "--model-repository=/models" in triton["args"]  # the image's tritonserver
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in triton["volumeMounts"]
 
 
 @pytest.mark.parametrize("values", VALUES, ids=lambda v: v.stem)
