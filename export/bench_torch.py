@@ -44,12 +44,14 @@ SAMPLES = "samples.npy"
 GOALS = {"actuation_ratio": 1000.0, "memory_ratio": 2.5, "exec_overhead": 1.10}  # issue 48's goals on the GPU
 
 
-def write_bench_set(family: str, preset: str, build_dir: Path, spread: int, out: Path, *, onnx: bool = True) -> Path:
+def write_bench_set(family: str, preset: str, build_dir: Path, spread: int, out: Path, *, onnx: bool = True,
+                    profiled: bool = True) -> Path:
     """Export ``family``'s supernet and its ``spread`` static subnets to ``out/repo``, with held-out inputs;
-    without ``onnx``, only what the GPU runtime reads (the full CNN's graphs would double its 38 MiB)."""
+    without ``onnx``, only what the GPU runtime reads (the full CNN's graphs would double its 38 MiB); without
+    ``profiled``, every searched subnet, none profiled (a profile is measured through Triton)."""
     from export.supernets import build  # lazy: onnx, torch
 
-    built = build(family, preset, build_dir)
+    built = build(family, preset, build_dir, profiled=profiled)
     chosen = built.chosen(spread)
     repo = out / "repo"
     built.export_supernet(built.pareto, repo)

@@ -67,6 +67,8 @@ def _tests(bundle_dir: Path, device: str, report: Path) -> dict:
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, BUNDLE_ENV: str(bundle_dir.resolve())})
     summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    if out.returncode != 0:
+        raise RuntimeError(f"pytest exited {out.returncode}: {summary}\n{(out.stdout + out.stderr)[-4000:]}")
     return {"command": " ".join(cmd[1:]), "returncode": out.returncode, "summary": summary,
             "seconds": round(time.monotonic() - started, 1), "output_tail": (out.stdout + out.stderr)[-4000:]}
 
@@ -97,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
 
     step("environment", lambda: _environment(args.device))
     step("tests", lambda: _tests(args.bundle, args.device, args.out.with_suffix(".junit.xml")))
-    if result["steps"]["tests"].get("result", {}).get("returncode") not in (0, None):
-        result["steps"]["tests"]["ok"] = False
     parts = tuple(args.parts.split(","))
     for family in FAMILIES:
         for layout in WEIGHT_LAYOUTS:  # the default layout in full, the other's execution alone

@@ -38,7 +38,9 @@ def bench_sets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if os.environ.get(BUNDLE_ENV):
         return {family: Path(os.environ[BUNDLE_ENV]) / "fast" / family for family in FAMILIES}
     root = tmp_path_factory.mktemp("bench-sets")
-    return {family: write_bench_set(family, "fast", REPO_ROOT / "build", 3, root / family) for family in FAMILIES}
+    # every searched subnet of the cached builds, unprofiled: a profile would start a Triton
+    return {family: write_bench_set(family, "fast", REPO_ROOT / "build", 3, root / family, profiled=False)
+            for family in FAMILIES}
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +203,10 @@ def test_requests_naming_different_subnets_and_a_bad_one_each_get_their_own_answ
 def test_the_gpu_check_runs_end_to_end_on_the_cpu(bench_sets, tmp_path):
     """The dry run the issue asks for: the same script, ``--device cpu``, writes every step's result."""
     bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    for family, path in bench_sets.items():
+    (bundle / "fast").mkdir(parents=True)
+    for family, path in bench_sets.items():  # the fast sets stand for the full ones too
         (bundle / family).symlink_to(path)
+        (bundle / "fast" / family).symlink_to(path)
     out = tmp_path / "result.json"
     run = subprocess.run([sys.executable, "scripts/gpu_check.py", "run", "--device", "cpu", "--bundle", str(bundle),
                           "--out", str(out), "--repeats", "2", "--loads", "1"], cwd=REPO_ROOT, capture_output=True,
