@@ -52,7 +52,7 @@ fuzz-native: $(STAMP)
 	  $(BIN)/python -m pytest -p no:cacheprovider tests/test_fuzz.py tests/test_sidecar.py -k native
 
 # the GPU check (scripts/gpu_check.py): `make gpu-bundle` here exports what it needs (both families' full supernets
-# and 6 static subnets each, about 40 MiB); `make gpu-check` runs every GPU test and bench on a machine with a GPU,
+# and 6 static subnets each, about 49 MiB); `make gpu-check` runs every GPU test and bench on a machine with a GPU,
 # torch, numpy, onnx, onnxruntime and psutil, with no Triton and no network, and writes gpu-check/result.json
 GPU_BUNDLE ?= gpu-check/bundle
 gpu-bundle: $(STAMP)

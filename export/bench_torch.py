@@ -90,7 +90,7 @@ def _kind(device: str) -> str:
     return "GPU" if device == "cuda" else "CPU"
 
 
-def _load(model_dir: Path, device: str, layout: str | None = None):
+def _load(model_dir: Path, device: str, layout: str = "prefix"):
     return standin.load(model_dir, _kind(device), parameters={"runtime": "torch", "weight_layout": layout})
 
 
@@ -196,8 +196,7 @@ def _child_env() -> dict[str, str]:
 def _load_in_new_process(model_dir: Path, device: str, layout: str) -> float:
     """Milliseconds from starting a process to its first answer from ``model_dir``, as the python backend's stub."""
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "export.bench_torch", "answer", str(model_dir), device, layout],
-                         check=True, capture_output=True, text=True, env=_child_env())
+    out = _child(["answer", str(model_dir), device, layout])
     took = (time.perf_counter() - start) * 1e3
     if "answered" not in out.stdout:
         raise RuntimeError(f"{model_dir.name}: the new process gave no answer: {out.stderr[-2000:]}")
@@ -205,9 +204,18 @@ def _load_in_new_process(model_dir: Path, device: str, layout: str) -> float:
 
 
 def _memory_in_new_process(model_dirs: list[Path], device: str, layout: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "export.bench_torch", "memory", device, layout,
-                          *map(str, model_dirs)], check=True, capture_output=True, text=True, env=_child_env())
+    out = _child(["memory", device, layout, *map(str, model_dirs)])
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _child(args: list[str], timeout_s: float = 300.0) -> subprocess.CompletedProcess:
+    """This module as a new process (a model's own, as Triton runs each model's stub); its error, if any, with its
+    stderr's end."""
+    out = subprocess.run([sys.executable, "-m", "export.bench_torch", *args], capture_output=True, text=True,
+                         env=_child_env(), timeout=timeout_s)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:2])}: exited {out.returncode}: {out.stderr[-2000:]}")
+    return out
 
 
 def _device_name(device: str) -> str:
@@ -245,7 +253,7 @@ def _memory(model_dirs: list[Path], device: str, layout: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """The child processes' side: ``answer MODEL_DIR DEVICE CONV2`` or ``memory DEVICE CONV2 MODEL_DIR...``."""
+    """The child processes' side: ``answer MODEL_DIR DEVICE LAYOUT`` or ``memory DEVICE LAYOUT MODEL_DIR...``."""
     if argv[0] == "answer":
         model_dir, device, layout = Path(argv[1]), argv[2], argv[3]
         model = _load(model_dir, device, layout)

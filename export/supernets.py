@@ -38,7 +38,8 @@ class BuiltSupernet:
         """``spread`` Pareto subnets uniformly spaced in accuracy (without a profile: spaced in accuracy rank)."""
         if self.profile is None:
             ranked = sorted(self.pareto, key=lambda c: c.accuracy)
-            return [ranked[round(i * (len(ranked) - 1) / max(1, spread - 1))] for i in range(min(spread, len(ranked)))]
+            k = min(spread, len(ranked))
+            return [ranked[round(i * (len(ranked) - 1) / max(1, k - 1))] for i in range(k)]
         return self.calibration.select([v.id for v in self.profile.spread(spread)])
 
 

@@ -118,7 +118,7 @@ class SupernetRunner:
         if runtime.engine == "torch":
             from python_backend.torch_runtime import TorchEngine  # lazy: torch
 
-            engine = TorchEngine(version_dir, runtime.device, runtime.layout)
+            engine = TorchEngine(version_dir, runtime.device, runtime.layout, threads)
             # SubNetAct on torch: every subnet's weight and statistics views, built once; switching picks a plan
             plans = [engine.network.plan(row, i) for i, row in enumerate(self.table.rows)]
             self._run_subnet: Callable[[np.ndarray, int], np.ndarray] = lambda x, i: engine(plans[i], x)
@@ -205,7 +205,7 @@ class StaticRunner:
         if runtime.engine == "torch":
             from python_backend.torch_runtime import TorchEngine  # lazy: torch
 
-            engine = TorchEngine(version_dir, runtime.device, runtime.layout)
+            engine = TorchEngine(version_dir, runtime.device, runtime.layout, threads)
             plan = engine.network.full_plan()
             self._run: Callable[[np.ndarray], np.ndarray] = lambda x: engine(plan, x)
             self.network = engine.network

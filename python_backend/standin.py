@@ -129,22 +129,36 @@ def model_config(model_dir: Path) -> dict:
     names, data types and dims, and the string parameters (the configs this project writes; not a pbtxt parser)."""
     text = (model_dir / "config.pbtxt").read_text()
     batch = re.search(r"max_batch_size:\s*(\d+)", text)
-    inputs = re.search(r"input\s*\[(.*?)\n\]", text, re.S)
     tensors = [{"name": n, "data_type": t, "dims": [d.strip() for d in dims.split(",")]}
                for n, t, dims in re.findall(r'name:\s*"(\w+)"\s*data_type:\s*(\w+)\s*dims:\s*\[([^\]]*)\]',
-                                            inputs.group(1) if inputs else "")]
+                                            _block(text, "input"))]
     params = {k: {"string_value": json.loads(f'"{v}"')}
               for k, v in re.findall(r'key:\s*"(\w+)"\s*value:?\s*\{\s*string_value:\s*"((?:[^"\\]|\\.)*)"', text)}
+    kind = re.search(r"instance_group.*?kind:\s*KIND_(\w+)", text, re.S)
     return {"name": model_dir.name, "max_batch_size": int(batch.group(1)) if batch else 0, "input": tensors,
-            "parameters": params}
+            "parameters": params, "instance_kind": kind.group(1) if kind else "CPU"}
 
 
-def load(model_dir: Path, kind: str = "CPU", device_id: int = 0, version: str = "1",
+def _block(text: str, field: str) -> str:
+    """The text inside ``field [ ... ]``, brackets counted (a block may sit on one line, its tensors' dims too)."""
+    start = re.search(rf"^{field}\s*\[", text, re.M)
+    if start is None:
+        return ""
+    depth, i = 1, start.end()
+    while depth and i < len(text):
+        depth += {"[": 1, "]": -1}.get(text[i], 0)
+        i += 1
+    return text[start.end() : i - 1]
+
+
+def load(model_dir: Path, kind: str | None = None, device_id: int = 0, version: str = "1",
          parameters: dict[str, str] | None = None):
     """The python-backend model of ``model_dir`` (a repository folder), initialised as Triton would for one
-    instance of ``kind`` ("CPU" or "GPU"); ``parameters`` override the config's."""
+    instance of ``kind`` ("CPU" or "GPU"; default: its config's instance group); ``parameters`` override the
+    config's."""
     install()
     config = model_config(model_dir)
+    kind = kind or config.pop("instance_kind")
     config["parameters"] |= {k: {"string_value": v} for k, v in (parameters or {}).items()}
     shim = re.search(r"^from (\S+) import TritonPythonModel", (model_dir / version / "model.py").read_text(), re.M)
     if shim is None:

@@ -218,9 +218,11 @@ class TorchNetwork:
 class TorchEngine:
     """Runs plans on numpy batches: the input to the device, the logits back."""
 
-    def __init__(self, version_dir: Path, device: str = "cpu", layout: str = "prefix") -> None:
+    def __init__(self, version_dir: Path, device: str = "cpu", layout: str = "prefix", threads: int = 1) -> None:
         self.network = TorchNetwork(version_dir, device, layout)
         self.torch = self.network.torch
+        if self.network.device.type == "cpu":  # the model's intra_op_threads, as onnxruntime's (one model a process)
+            self.torch.set_num_threads(threads)
 
     def __call__(self, plan: Plan, batch: np.ndarray) -> np.ndarray:
         torch = self.torch

@@ -49,7 +49,7 @@ class TritonPythonModel:
             runtime = runtime_of(args, params)
             self.runner = RUNNERS[kind](version_dir, threads=int(params.get("intra_op_threads", "1")),
                                         runtime=runtime)
-        except (ValueError, OSError) as exc:  # a runtime this model cannot take, or its files missing
+        except (ValueError, OSError, ImportError) as exc:  # a runtime this model cannot take, or not installed here
             raise pb_utils.TritonModelException(f"{args['model_name']}: {exc}") from None
         self.has_control = kind == "supernet"
         try:

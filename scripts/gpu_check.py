@@ -6,7 +6,7 @@
 
 ``bundle`` exports what the check needs (``make gpu-bundle``): each family's full supernet, its 6 spread static
 subnets and held-out inputs (:func:`export.bench_torch.write_bench_set`). ``run`` (``make gpu-check``) needs only
-Python, torch, numpy, onnx, onnxruntime and psutil, no tritonserver and no network: it runs the GPU tests
+Python, torch, numpy, onnx, onnxruntime, psutil and pytest, no tritonserver and no network: it runs the GPU tests
 (``pytest -m gpu``, the python-backend models through :mod:`python_backend.standin`), then ``bench subnetact``'s
 GPU comparisons for each family, and writes the JSON after every step, so a run cut short keeps what it measured.
 ``--device cpu`` is the dry run on a machine without a GPU.
@@ -63,7 +63,7 @@ def _tests(bundle_dir: Path, device: str, report: Path) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest", "-m", "gpu", "-q",
            "-W", "default", f"--junitxml={report}", "tests/test_torch_runtime.py"]
     started = time.monotonic()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, BUNDLE_ENV: str(bundle_dir.resolve())})
     summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     if out.returncode != 0:
