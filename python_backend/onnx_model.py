@@ -27,7 +27,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         version_dir = Path(args["model_repository"]) / args["model_version"]
-        self.session = make_session(version_dir / MODEL_FILE, int(params.get("intra_op_threads", "1")))
+        # a KIND_GPU instance runs on its GPU where onnxruntime-gpu is installed (the CPU otherwise)
+        device_id = int(args.get("model_instance_device_id", 0)) if args.get("model_instance_kind") == "GPU" else None
+        self.session = make_session(version_dir / MODEL_FILE, int(params.get("intra_op_threads", "1")),
+                                    device_id=device_id)
         release_free_heap()
         self.inputs = [t["name"] for t in config["input"]]
         self.outputs = [t["name"] for t in config["output"]]

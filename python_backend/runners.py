@@ -41,9 +41,17 @@ class Runtime:
                              f"'torch'")
 
 
-def make_session(path: Path, threads: int, profile_prefix: str | None = None):
-    """An onnxruntime session with every graph optimisation on and ``threads`` intra-op threads; with
-    ``profile_prefix``, onnxruntime's profiler writes every kernel's time to a file of that prefix."""
+def providers(available: list[str], device_id: int | None = None) -> list:
+    """onnxruntime's execution providers for a session: CUDA first where onnxruntime-gpu offers it (on GPU
+    ``device_id``, a ``KIND_GPU`` instance's, if given), then the CPU."""
+    cuda = ("CUDAExecutionProvider", {"device_id": device_id}) if device_id is not None else "CUDAExecutionProvider"
+    return ([cuda] if "CUDAExecutionProvider" in available else []) + ["CPUExecutionProvider"]
+
+
+def make_session(path: Path, threads: int, profile_prefix: str | None = None, device_id: int | None = None):
+    """An onnxruntime session with every graph optimisation on and ``threads`` intra-op threads, on GPU
+    ``device_id`` where onnxruntime can run there (:func:`providers`); with ``profile_prefix``, onnxruntime's
+    profiler writes every kernel's time to a file of that prefix."""
     import onnxruntime as ort  # lazy: onnxruntime (export and the sidecar read this module's names without it)
 
     options = ort.SessionOptions()
@@ -53,8 +61,7 @@ def make_session(path: Path, threads: int, profile_prefix: str | None = None):
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
-    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-    return ort.InferenceSession(str(path), options, providers=providers)
+    return ort.InferenceSession(str(path), options, providers=providers(ort.get_available_providers(), device_id))
 
 
 def release_free_heap() -> None:

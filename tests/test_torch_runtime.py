@@ -314,3 +314,13 @@ def test_the_stand_in_reads_a_config_s_inputs_parameters_and_instance_kind(tmp_p
     assert config["input"] == [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": ["4", "2"]}]  # not the output
     assert config["max_batch_size"] == 8 and config["instance_kind"] == "GPU"
     assert json.loads(config["parameters"]["layout"]["string_value"]) == {"a": [1, 2]}
+
+
+def test_onnxruntime_models_take_their_instance_s_gpu_where_onnxruntime_gpu_is_installed():
+    from python_backend.runners import providers
+
+    assert providers(["CPUExecutionProvider"], device_id=1) == ["CPUExecutionProvider"]
+    assert providers(["CUDAExecutionProvider", "CPUExecutionProvider"], device_id=1) == [
+        ("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
+    assert providers(["CUDAExecutionProvider", "CPUExecutionProvider"]) == ["CUDAExecutionProvider",
+                                                                             "CPUExecutionProvider"]
