@@ -29,11 +29,11 @@ import logging
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from export.bench_torch import timed_ms
 from export.commands import add_family_option
 from export.presets import DEFAULT_BUILD_DIR, NORMS, PRESETS
 from scheduler_sidecar.errors import ConfigError
@@ -156,7 +156,7 @@ def bench_subnetact(family: str, preset: str, build_dir: Path, *, spread: int, r
             for c in pareto:  # touch every subnet once, as serving would
                 _infer(client, supernet, images[:1], c.row)
             memory_supernet, models_supernet = _pss_bytes(server.pid)
-            switch = [_timed(lambda i=i: _infer(client, supernet, images[:1], pareto[i % len(pareto)].row))
+            switch = [timed_ms(lambda i=i: _infer(client, supernet, images[:1], pareto[i % len(pareto)].row))
                       for i in range(repeats)]  # every call names a different subnet than the one before
         with TritonServer(repository=repo, models=statics) as server, _client(server) as client:
             for name in statics:
@@ -169,7 +169,7 @@ def bench_subnetact(family: str, preset: str, build_dir: Path, *, spread: int, r
                 name = statics[i % len(statics)]
                 client.unload_model(name)
                 _wait_unloaded(client, name)
-                load.append(_timed(lambda name=name: (client.load_model(name), _infer(client, name, images[:1]))))
+                load.append(timed_ms(lambda name=name: (client.load_model(name), _infer(client, name, images[:1]))))
     switch_ms, load_ms = statistics.median(switch), statistics.median(load)
     return {
         "family": family,
@@ -207,8 +207,8 @@ def _exec_ratios(client, chosen, x: np.ndarray, repeats: int, supernet: str) -> 
         for _ in range(2):  # warm-up
             dynamic_call(), static_call()
         for _ in range(repeats):
-            dynamic.append(_timed(dynamic_call))
-            fixed.append(_timed(static_call))
+            dynamic.append(timed_ms(dynamic_call))
+            fixed.append(timed_ms(static_call))
         ratios[c.subnet_id] = statistics.median(dynamic) / statistics.median(fixed)
     log.info("batch %d: supernet/static latency %s", len(x), {k: round(v, 3) for k, v in ratios.items()})
     return ratios
@@ -236,12 +236,6 @@ def _inputs(x: np.ndarray, row: tuple[int, ...] | None = None) -> list:
         inputs.append(grpcclient.InferInput("CONTROL", list(control.shape), "INT32"))
         inputs[1].set_data_from_numpy(control)
     return inputs
-
-
-def _timed(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return (time.perf_counter() - start) * 1e3
 
 
 def _wait_unloaded(client, name: str, timeout_s: float = 30.0) -> None:

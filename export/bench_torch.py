@@ -41,6 +41,7 @@ from python_backend.runners import MODEL_FILE
 BATCH_SIZES = (1, 16, 64)
 MANIFEST = "bench-set.json"
 SAMPLES = "samples.npy"
+BUNDLE_ENV = "ACCSCALE_GPU_BUNDLE"  # where the GPU tests find `make gpu-bundle`'s bench sets
 GOALS = {"actuation_ratio": 1000.0, "memory_ratio": 2.5, "exec_overhead": 1.10}  # issue 48's goals on the GPU
 
 
@@ -80,7 +81,8 @@ def _answer(model, request) -> np.ndarray:
     return standin.get_output_tensor_by_name(response, "LOGITS").as_numpy()
 
 
-def _timed(call: Callable[[], object]) -> float:
+def timed_ms(call: Callable[[], object]) -> float:
+    """Milliseconds ``call()`` took."""
     start = time.perf_counter()
     call()
     return (time.perf_counter() - start) * 1e3
@@ -112,12 +114,12 @@ def bench(bench_set: Path, device: str, *, repeats: int = 30, loads: int = 5, la
               "device_name": _device_name(device), "separate_models": len(statics), "supernet_subnets": len(rows)}
     if "actuation" in parts:
         requests = [_request(samples[:1], rows[i % len(rows)]) for i in range(repeats)]
-        switch = [_timed(lambda r=r: _answer(model, r)) for r in requests]
+        switch = [timed_ms(lambda r=r: _answer(model, r)) for r in requests]
         in_process, process = [], []
         for i in range(loads):
             name = statics[i % len(statics)]
             request = _request(samples[:1])
-            in_process.append(_timed(lambda name=name, request=request: _answer(_load(repo / name, device, layout),
+            in_process.append(timed_ms(lambda name=name, request=request: _answer(_load(repo / name, device, layout),
                                                                                  request)))
             process.append(_load_in_new_process(repo / name, device, layout))
         switch_ms, load_ms, load_local_ms = (statistics.median(v) for v in (switch, process, in_process))
@@ -180,8 +182,8 @@ def _exec_ratios(model, repo: Path, manifest: dict, x: np.ndarray, repeats: int,
                 dynamic_call(), static_call()
             dynamic, fixed = [], []
             for _ in range(repeats):
-                dynamic.append(_timed(dynamic_call))
-                fixed.append(_timed(static_call))
+                dynamic.append(timed_ms(dynamic_call))
+                fixed.append(timed_ms(static_call))
             ratios[at][name] = statistics.median(dynamic) / statistics.median(fixed)
             if at == "model":
                 ratios["ms"][name] = [statistics.median(dynamic), statistics.median(fixed)]

@@ -26,12 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-FAMILIES = ("cnn", "transformer")
-BUNDLE_ENV = "ACCSCALE_GPU_BUNDLE"  # the GPU tests read the bench sets from here
 
 
 def bundle(args: argparse.Namespace) -> int:
     from export.bench_torch import write_bench_set
+    from export.presets import FAMILIES
 
     # the benches' sets, the GPU runtime's files alone; and the fast presets' with their ONNX graphs, on which the
     # tests compare the GPU with onnxruntime (the full CNN's graphs would not fit the 64 MiB a GPU machine is sent)
@@ -62,6 +61,8 @@ def _tests(bundle_dir: Path, device: str, report: Path) -> dict:
     # -W default: warnings are reported, not raised as CI's pins raise them (the GPU machine has its own versions)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--noconftest", "-m", "gpu", "-q",
            "-W", "default", f"--junitxml={report}", "tests/test_torch_runtime.py"]
+    from export.bench_torch import BUNDLE_ENV
+
     started = time.monotonic()
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, BUNDLE_ENV: str(bundle_dir.resolve())})
@@ -74,6 +75,7 @@ def _tests(bundle_dir: Path, device: str, report: Path) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from export.bench_torch import bench
+    from export.presets import FAMILIES
     from python_backend.torch_runtime import WEIGHT_LAYOUTS
 
     started = time.monotonic()

@@ -20,14 +20,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from export.bench_torch import MANIFEST, SAMPLES, write_bench_set  # noqa: E402
+from export.bench_torch import BUNDLE_ENV, MANIFEST, SAMPLES, write_bench_set  # noqa: E402
+from export.presets import FAMILIES  # noqa: E402
 from python_backend import standin  # noqa: E402
 from python_backend.runners import Runtime, StaticRunner, SupernetRunner  # noqa: E402
 from python_backend.torch_runtime import WEIGHT_LAYOUTS  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BUNDLE_ENV = "ACCSCALE_GPU_BUNDLE"
-FAMILIES = ("cnn", "transformer")
+ON_A_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 TOLERANCE = 1e-4  # the issue's bar: logits within 1e-4 of onnxruntime's and torch's
 
 
@@ -226,37 +226,32 @@ def test_the_gpu_check_runs_end_to_end_on_the_cpu(bench_sets, tmp_path):
 # ------------------------------------------------------------------------------------------- on a GPU only
 
 
-def _gpu_only() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-
-
 @pytest.mark.gpu
+@ON_A_GPU
 @pytest.mark.parametrize("layout", WEIGHT_LAYOUTS)
 @pytest.mark.parametrize("family", ["cnn", "transformer"])
 def test_on_the_gpu_every_subnet_computes_what_onnxruntime_does(bench_sets, family, layout):
-    _gpu_only()
     gaps = _agreement(bench_sets[family], "cuda", layout)
     assert max(gaps) < TOLERANCE, gaps
 
 
 @pytest.mark.gpu
+@ON_A_GPU
 @pytest.mark.parametrize("layout", WEIGHT_LAYOUTS)
 @pytest.mark.parametrize("family", ["cnn", "transformer"])
 def test_on_the_gpu_the_full_supernets_compute_what_the_cpu_runtime_of_torch_does(full_sets, family, layout):
     """The benches' supernets (no ONNX graphs travel with them): CUDA against torch on the CPU, which the CPU tests
     hold to onnxruntime."""
-    _gpu_only()
     gaps = _agreement(full_sets[family], "cuda", layout, reference=Runtime("torch"))
     assert max(gaps) < TOLERANCE, gaps
 
 
 @pytest.mark.gpu
+@ON_A_GPU
 @pytest.mark.parametrize("family", ["cnn", "transformer"])
 def test_on_the_gpu_switching_subnets_allocates_nothing_that_stays(full_sets, family):
     """The weights are loaded once: after every subnet has run at every batch size, the tensors the model holds are
     its weights and nothing more (activations are freed; no subnet kept a copy)."""
-    _gpu_only()
     # cuBLAS takes its workspace (32 MiB on an H100) from torch's allocator at its first product, and keeps it
     torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")
     torch.cuda.synchronize()
@@ -276,8 +271,8 @@ def test_on_the_gpu_switching_subnets_allocates_nothing_that_stays(full_sets, fa
 
 
 @pytest.mark.gpu
+@ON_A_GPU
 def test_on_the_gpu_a_batch_of_different_subnets_and_a_bad_row_is_served_per_request(bench_sets):
-    _gpu_only()
     model, manifest = _model(bench_sets["cnn"], "GPU")
     responses = _execute_mixed(model, manifest, np.load(bench_sets["cnn"] / SAMPLES))
     assert [r.has_error() for r in responses] == [False, False, True, False, False]
