@@ -139,13 +139,8 @@ class SupernetRunner:
         """SUBNET index of every row; ControlError names the first bad row and field."""
         if control.ndim != 2:
             raise ControlError(f"CONTROL must be [batch, {self.layout.num_fields}], got shape {list(control.shape)}")
-        if control.dtype == np.int32 and len(control):  # the usual case: every row names one canonical subnet
-            first = control[0].tobytes()
-            index = self._by_bytes.get(first)
-            # comparing bytes costs a fraction of numpy's elementwise test on these few values
-            if index is not None and control.tobytes() == first * len(control):
-                return np.full(len(control), index, dtype=np.int64)
-        if len(control) and (control == control[0]).all():  # one subnet, spelled another way
+        # the usual case, every row the same subnet: comparing bytes costs a fraction of numpy's elementwise test
+        if len(control) and control.tobytes() == control[0].tobytes() * len(control):
             return np.full(len(control), self._index_of(control[0], 0), dtype=np.int64)
         distinct, first, inverse = np.unique(control, axis=0, return_index=True, return_inverse=True)
         indices = np.array([self._index_of(row, int(i)) for row, i in zip(distinct, first)], dtype=np.int64)
