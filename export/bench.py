@@ -110,6 +110,12 @@ def _run_torch(args: argparse.Namespace) -> int:
 
     if args.norms or args.breakdown:
         raise ConfigError("--norms and --breakdown are the onnxruntime graph's; the GPU runtime (--device) has neither")
+    if args.device == "cuda":
+        import torch  # lazy: torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device cuda: torch {torch.__version__} finds no CUDA device here; --device cpu runs "
+                              f"the same bench on the CPU")
     with tempfile.TemporaryDirectory(prefix="accscale-bench-") as tmp:
         bench_set = args.bench_set or bench_torch.write_bench_set(args.family, args.preset, args.build_dir,
                                                                   args.spread, Path(tmp), onnx=False)

@@ -319,3 +319,11 @@ def test_onnxruntime_models_take_their_instance_s_gpu_where_onnxruntime_gpu_is_i
         ("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
     assert providers(["CUDAExecutionProvider", "CPUExecutionProvider"]) == ["CUDAExecutionProvider",
                                                                              "CPUExecutionProvider"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
+def test_the_gpu_bench_without_a_gpu_says_so_before_it_exports_anything(capsys):
+    from scheduler_sidecar.cli import main
+
+    assert main(["bench", "subnetact", "--device", "cuda", "--preset", "fast"]) == 2
+    assert "finds no CUDA device here; --device cpu runs the same bench" in capsys.readouterr().err
