@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +111,15 @@ def build(folder: Path, recipe: Recipe = Recipe()) -> Path:
         if not (stamp.exists() and json.loads(stamp.read_text()).get("recipe_key") == recipe.key()):
             _build(folder, recipe, stamp)
     return stamp
+
+
+def copy_stage_models(folder: Path, repository: Path) -> list[str]:
+    """Copy the stage models that :func:`build` trained into ``folder`` to another ``repository``, where a deployment
+    writes a BLS model of its own beside them (two Tritons cannot share one BLS model's folder): their names."""
+    names = sorted(json.loads((folder / "loki.json").read_text())["task_of"])
+    for name in names:
+        shutil.copytree(folder / "repository" / name, repository / name, dirs_exist_ok=True)
+    return names
 
 
 def _build(folder: Path, recipe: Recipe, stamp: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -15,12 +16,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from export import repository
-from export.loki_models import RECIPES, build
+from export.loki_models import RECIPES, build, copy_stage_models
+from export.presets import DEFAULT_BUILD_DIR
 from export.scenes import generate
 from python_backend.pipeline import components, crops, decode, read_answers
 from python_backend.runners import MODEL_FILE, make_session
 from scheduler_sidecar.live.workers import TritonWorker
 from scheduler_sidecar.processes.triton_launcher import TritonServer
+from tests.conftest import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.triton]
 BLS = "loki_pipeline"
@@ -44,9 +47,11 @@ PLAN = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("loki")
-    build(folder, RECIPES["small"])
-    repo = folder / "repository"
+    trained = REPO_ROOT / DEFAULT_BUILD_DIR / "loki-demo-small"  # where `demo loki --recipe small` trains it
+    build(trained, RECIPES["small"])
+    repo = tmp_path_factory.mktemp("loki") / "repository"
+    copy_stage_models(trained, repo)
+    shutil.copy(trained / "loki.json", repo.parent)
     repository.write_loki_pipeline(repo, BLS, PLAN, MODELS, scripted_delays=True)
     with TritonServer(repository=repo) as triton:
         # the BLS's first calls of each stage model are slow (its stub maps their memory): the tests time hops

@@ -17,6 +17,7 @@ from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.systems.loki.data import traffic_analysis
 from scheduler_sidecar.systems.loki.live import LivePlanner, LokiPipeline
 from scheduler_sidecar.systems.loki.planner import LokiConfig
+from tests.conftest import REPO_ROOT
 
 BLS = "loki_pipeline"
 
@@ -115,7 +116,7 @@ def test_the_loki_demo_answers_every_frame_and_scales_hardware_then_accuracy_in_
     models load, about 1.5 s each."""
     out = tmp_path / "out"
     assert main(["demo", "loki", "--duration-s", "30", "--window-s", "2.5", "--base-qps", "8", "--burst-qps", "250",
-                 "--instances", "4", "--period-s", "2", "--recipe", "small", "--build-dir", str(tmp_path / "build"),
+                 "--instances", "4", "--period-s", "2", "--recipe", "small", "--build-dir", str(REPO_ROOT / "build"),
                  "--out", str(out)]) == 0
     with open(out / "windows.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -151,7 +152,6 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
     """`accscale bench fidelity --system loki`, briefly: every frame sent is scored on both sides, and the gaps are
     the two sides' difference."""
     from loadtest.traces import constant
-    from tests.conftest import REPO_ROOT
 
     trace = tmp_path / "trace.txt"
     constant(5.0, 4.0).save(trace)

@@ -130,7 +130,7 @@ def build(folder: Path, build_dir: Path, tritons: int) -> tuple[list[Path], list
               + _model("digits", families["digits"], "proteus", "latency_calibration = false\n"
                        f"[models.policy_options]\ndevice = \"cpu\"\nguard_us = {PROTEUS_GUARD_US}\n"),
               family_models["digits"], lambda i: {"INPUT": digits[i % len(digits)][None].astype(np.float32)}),
-        _loki(folder / "loki"), _cascade(folder / "cascade", build_dir)]
+        _loki(folder / "loki", build_dir), _cascade(folder / "cascade", build_dir)]
     repositories = [folder / "supernet", families_repository, folder / "loki" / "repository",
                     build_dir / "hybridserve" / "repository", folder / "cascade" / "repository"]
     return repositories, models
@@ -141,12 +141,13 @@ def _model(name: str, profile: Path, policy: str, extra: str = "") -> str:
             f'default_slo_us = {round(SLO_MS[name] * 1000)}\n{extra}')
 
 
-def _loki(folder: Path) -> Model:
-    """Loki's pipeline, the small recipe, at this machine's speed: its BLS model alone is loaded at start (the
-    plans load the stage models)."""
+def _loki(folder: Path, build_dir: Path) -> Model:
+    """Loki's pipeline, the small recipe (trained where ``demo loki --recipe small`` trains it), at this machine's
+    speed: its BLS model alone is loaded at start (the plans load the stage models)."""
     from export.scenes import generate  # lazy: torch
 
-    stamp, profile, _, _ = loki_demo.build_pipeline(folder, SLO_MS["scenes"], 1.0, LOKI_INSTANCES, "small")
+    stamp, profile, _, _ = loki_demo.build_pipeline(folder, SLO_MS["scenes"], 1.0, LOKI_INSTANCES, "small",
+                                                    trained_in=build_dir / "loki-demo-small")
     frames = generate(300, "heldout", seed=21).frames
     settings = argparse.Namespace(instances=LOKI_INSTANCES, slowdown=1.0, period_s=5.0, headroom=DEFAULT_HEADROOM,
                                   slo_ms=SLO_MS["scenes"])

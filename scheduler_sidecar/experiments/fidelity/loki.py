@@ -28,10 +28,11 @@ INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling
 
 
 def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
-    folder = args.build_dir / "loki-demo-small"
-    progress(f"building (or reusing) the Loki pipeline in {folder}")
+    trained_in, folder = args.build_dir / "loki-demo-small", tmp / "loki"
+    progress(f"building (or reusing) the Loki pipeline in {trained_in}")
     instances = args.instances or INSTANCES
-    stamp, profile, models, slowdown = loki_demo.build_pipeline(folder, args.slo_ms, None, instances, "small")
+    stamp, profile, models, slowdown = loki_demo.build_pipeline(folder, args.slo_ms, None, instances, "small",
+                                                                trained_in=trained_in)
     pipeline = trained(stamp).scaled(slowdown)
     trace = Trace.load(default_trace(args, tmp, base_qps=5.0, variant_qps=10.0))
     demo = argparse.Namespace(instances=instances, slowdown=slowdown, period_s=5.0, headroom=DEFAULT_HEADROOM,

@@ -84,14 +84,17 @@ def register(demos: argparse._SubParsersAction) -> None:
 
 
 def build_pipeline(folder: Path, slo_ms: float, slowdown: float | None, instances: int,
-           recipe: str) -> tuple[Path, Path, list[str], float]:
+           recipe: str, *, trained_in: Path | None = None) -> tuple[Path, Path, list[str], float]:
     """Build the pipeline with ``recipe`` (cached), write its BLS model with a first plan, and the logical model's
     profile: (loki.json, the profile's path, the stage models, the slowdown: ``slowdown``, or where None the factor
-    that makes one frame's slowest path take half of ``slo_ms``)."""
+    that makes one frame's slowest path take half of ``slo_ms``). The models are trained in ``folder``, or reused
+    from ``trained_in`` and copied into ``folder``'s repository (one training for every deployment of a recipe)."""
     from export import repository  # lazy: onnx, torch
-    from export.loki_models import RECIPES, build  # lazy: onnx, torch
+    from export.loki_models import RECIPES, build, copy_stage_models  # lazy: onnx, torch
 
-    stamp = build(folder, RECIPES[recipe])
+    stamp = build(trained_in or folder, RECIPES[recipe])
+    if trained_in is not None and trained_in != folder:
+        copy_stage_models(trained_in, folder / "repository")
     measured = trained(stamp)
     slowdown = slowdown or max(1.0, slo_ms / 2 / _slowest_path_ms(measured)[0])
     pipeline = measured.scaled(slowdown)
