@@ -34,8 +34,11 @@ def program(name: str, build: Path = BUILD) -> Path:
 
 
 def edge(build: Path = BUILD) -> ModuleType:
-    """The native edge's extension module (native/edge.cc), built first if it is not built (two minutes)."""
-    path = _built("_edge", build / f"_edge{sysconfig.get_config_var('EXT_SUFFIX')}", build)
+    """The native edge's extension module (native/edge.cc): the one ``pip install`` built into the package where the
+    sources are not here (an installed package), else built first if it is not built (two minutes)."""
+    name = f"_edge{sysconfig.get_config_var('EXT_SUFFIX')}"
+    packaged = Path(__file__).with_name(name)
+    path = packaged if packaged.exists() and not SOURCE.exists() else _built("_edge", build / name, build)
     spec = importlib.util.spec_from_file_location("_edge", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -45,6 +48,9 @@ def edge(build: Path = BUILD) -> ModuleType:
 def _built(name: str, path: Path, build: Path) -> Path:
     """``path`` after an incremental build of target ``name`` (a no-op when the sources have not changed), one
     build at a time (test workers share the folder); the last build where the tools are missing."""
+    if not SOURCE.exists():
+        raise NativeUnavailable(f"{name} is not built and its sources are not here: this package was installed where "
+                                f"its build tools were missing; install {NEEDS} and install it again")
     missing = [tool for tool in ("cmake", "g++", "pkg-config", "protoc", "grpc_cpp_plugin") if not shutil.which(tool)]
     if missing:
         if path.exists():
