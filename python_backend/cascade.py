@@ -39,12 +39,14 @@ def route(i: int, conf: np.ndarray, thresholds: np.ndarray, last: int, skip: boo
     model's index.
     """
     t = np.asarray(thresholds, dtype=np.float64)
+    # int8, as a cascade has far fewer than 127 models: the planner's search routes some hundred thousand threshold
+    # vectors over every sample, and the walk is memory-bound
     if i == last:
-        return np.full(np.broadcast_shapes(conf.shape, t.shape), ANSWER)
+        return np.full(np.broadcast_shapes(conf.shape, t.shape), ANSWER, dtype=np.int8)
     successors = last - i
-    onward: np.ndarray | int = i + 1
+    onward: np.ndarray | np.int8 = np.int8(i + 1)
     if skip and successors > 1:
         width = np.where(t > 0, t / successors, 1.0)
-        bin_ = np.clip(np.floor(conf / width), 0, successors - 1).astype(int)  # 0: just above 0, top: below t_i
+        bin_ = np.clip(np.floor(conf / width), 0, successors - 1).astype(np.int8)  # 0: just above 0, top: below t_i
         onward = last - bin_
-    return np.where(conf >= t, ANSWER, onward)
+    return np.where(conf >= t, np.int8(ANSWER), onward)

@@ -73,16 +73,28 @@ class Outcome:
 
 def answered_by(preds: Predictions, thresholds: np.ndarray, skip: bool = False) -> np.ndarray:
     """The model that answers each sample, [K, N], for ``thresholds`` [K, n - 1]."""
-    return _walk(preds, np.atleast_2d(thresholds), skip)[0]
+    t = np.atleast_2d(np.asarray(thresholds, dtype=np.float64))
+    by = np.full((len(t), preds.conf.shape[1]), ANSWER, dtype=np.int8)
+    for i, here, nxt in _steps(preds, t, skip):
+        np.copyto(by, i, where=here & (nxt == ANSWER))
+    return by
 
 
 def evaluate(preds: Predictions, thresholds: np.ndarray, costs: np.ndarray, skip: bool = False) -> list[Outcome]:
-    """The outcome of each row of ``thresholds`` [K, n - 1] (vectorised over rows and samples)."""
+    """The outcome of each row of ``thresholds`` [K, n - 1] (vectorised over rows and samples): counted model by
+    model as the walk goes, so no [K, N] array of answering models is built and gathered (the planner's search
+    evaluates some hundred thousand rows)."""
     t = np.atleast_2d(np.asarray(thresholds, dtype=np.float64))
-    by, reach = _walk(preds, t, skip)
-    correct = preds.labels[by, np.arange(by.shape[1])] == preds.truth
-    accuracy = correct.mean(axis=1)
-    answered = np.stack([(by == i).mean(axis=1) for i in range(preds.models)], axis=1)
+    samples = preds.conf.shape[1]
+    right = preds.labels == preds.truth  # [n, N]: model i's answer to each sample is right
+    reach, answered = np.empty((len(t), preds.models)), np.empty((len(t), preds.models))
+    hits = np.zeros(len(t), dtype=np.int64)
+    for i, here, nxt in _steps(preds, t, skip):
+        reach[:, i] = np.count_nonzero(here, axis=1) / samples
+        mine = here & (nxt == ANSWER)
+        answered[:, i] = np.count_nonzero(mine, axis=1) / samples
+        hits += np.count_nonzero(mine & right[i], axis=1)
+    accuracy = hits / samples
     cost = reach @ np.asarray(costs, dtype=np.float64)
     # tolist() makes the Python floats in one call per array, not one per element
     return [Outcome(tuple(tk), ak, tuple(rk), tuple(qk), ck)
@@ -101,17 +113,6 @@ def forwarded(preds: Predictions, thresholds: np.ndarray, skip: bool = False) ->
     return flow
 
 
-def _walk(preds: Predictions, t: np.ndarray, skip: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(answering model [K, N], reach [K, n])."""
-    samples = preds.conf.shape[1]
-    by = np.full((len(t), samples), ANSWER, dtype=np.int8)
-    reach = np.empty((len(t), preds.models))
-    for i, here, nxt in _steps(preds, t, skip):
-        reach[:, i] = np.count_nonzero(here, axis=1) / samples
-        np.copyto(by, i, where=here & (nxt == ANSWER))
-    return by, reach
-
-
 def _steps(preds: Predictions, t: np.ndarray, skip: bool) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Every sample starts at model 0 and moves forward by :func:`route`: for each model i in turn, (i, the samples
     at it [K, N], where each sample would go from it [K, N]) for thresholds ``t`` [K, n - 1]."""
@@ -125,7 +126,7 @@ def _steps(preds: Predictions, t: np.ndarray, skip: bool) -> Iterator[tuple[int,
         threshold = t[:, i, None] if i < n - 1 else np.zeros((len(t), 1))
         nxt = route(i, preds.conf[i], threshold, n - 1, skip)
         yield i, here, nxt
-        np.copyto(at, nxt, where=here, casting="unsafe")
+        np.copyto(at, nxt, where=here)
 
 
 def cascade_cost(reach: np.ndarray, costs: np.ndarray) -> float:
