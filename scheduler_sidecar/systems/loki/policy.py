@@ -141,10 +141,12 @@ class Router:
         self._retiring: list[int] = []
         self._rng = np.random.default_rng(seed)
         self._allowance = Allowance({})
+        self._cdf: dict[tuple, np.ndarray] = {}  # a table's cumulative shares, per table of the plan in force
 
     def observe_plan(self, plan: Plan) -> None:
         if isinstance(plan.detail, LokiPlan) and plan.detail.routing is not self.routing:
             self.routing = plan.detail.routing
+            self._cdf = {}
             self._allowance = Allowance({w: left for backups in self.routing.backups.values() for w, left in backups})
             self._factor = budget_factors(self.pipeline, self.routing, self.budget)
 
@@ -159,9 +161,14 @@ class Router:
             if not workers:
                 return None
             table = tuple((r.worker_id, r.capacity_qps) for r in workers)
-        ids = [w for w, _ in table]
-        weights = np.array([p for _, p in table], dtype=float)
-        return int(ids[int(self._rng.choice(len(ids), p=weights / weights.sum()))]) if len(ids) > 1 else ids[0]
+        if len(table) == 1:
+            return table[0][0]
+        cdf = self._cdf.get(table)
+        if cdf is None:  # numpy's choice(p=...) draws as below: its numbers, without its checks on every query
+            weights = np.array([p for _, p in table], dtype=float)
+            cdf = self._cdf[table] = np.cumsum(weights / weights.sum())
+            cdf /= cdf[-1]
+        return table[int(cdf.searchsorted(self._rng.random(), side="right"))][0]
 
     def next_hop(self, task: str, now_us: int, overrun_us: int, routed: Replica | None,
                  wait_ms: Callable[[int], float], healthy: set[int]) -> tuple[Choice, int | None]:
