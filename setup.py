@@ -1,6 +1,7 @@
 """`pip install .` builds the sidecar's native edge (native/edge.cc) into the package where its tools are: cmake, g++,
 pkg-config and Debian's libgrpc++-dev and protobuf-compiler-grpc (scripts/install_native_deps.sh installs them).
-Without them the package installs without it and the sidecar serves on its Python edge, saying so in its log. An
+Without them the package installs without it (`pip install -v .` shows why): the sidecar's default Python edge serves,
+and `--edge native` fails naming what to install. An
 editable install (`make`'s) builds nothing here: a source checkout builds the edge on first use into build/native."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class BuildWithEdge(build_py):
                 except OSError as exc:  # no cmake
                     done = subprocess.CompletedProcess(step, 1, "", str(exc))
                 if done.returncode:
-                    print(f"accscale: the native edge is not built, the sidecar will serve on its Python edge "
+                    print(f"accscale: the native edge is not built, --edge native will not start "
                           f"({' '.join(step[:2])} failed: {(done.stderr or done.stdout).strip()[-600:]})",
                           file=sys.stderr)
                     return
@@ -44,7 +45,7 @@ class BuildWithEdge(build_py):
 
 class WithEdge(Distribution):
     def has_ext_modules(self) -> bool:
-        return True  # the wheel holds a compiled module: tagged for this Python and platform, not py3-none-any
+        return True  # the wheel is built to hold a compiled module: tagged for this Python and platform
 
 
 setup(cmdclass={"build_py": BuildWithEdge}, distclass=WithEdge)

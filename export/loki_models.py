@@ -118,7 +118,9 @@ def copy_stage_models(folder: Path, repository: Path) -> list[str]:
     writes a BLS model of its own beside them (two Tritons cannot share one BLS model's folder): their names."""
     names = sorted(json.loads((folder / "loki.json").read_text())["task_of"])
     for name in names:
-        shutil.copytree(folder / "repository" / name, repository / name, dirs_exist_ok=True)
+        # not the bytecode a Triton serving the cache writes there meanwhile (a file may vanish mid-copy)
+        shutil.copytree(folder / "repository" / name, repository / name, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return names
 
 

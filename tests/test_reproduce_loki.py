@@ -83,7 +83,7 @@ def test_reproduce_loki_writes_every_figure(tmp_path, capsys):
         *((s, b, OVER_CAPACITY) for s in ABLATIONS for b in BUDGETS), *((s, "artifact", WITHIN_HEADROOM) for s in ABLATIONS),
         *((s, "artifact", AS_THE_ARTIFACT) for s, _ in ARTIFACT_BETA)}
     beta = {(r["system"], r["headroom"]): r for r in result["fig7"] if r["load"] == AS_THE_ARTIFACT}
-    assert beta["rerouting", 1.0]["rerouted"] == 0  # beta 1 leaves no spare capacity: no backup to reroute to
+    assert beta["rerouting", 1.0]["rerouted"] == 0  # at beta 1 no backup fits a late crop: rerouting is per-task dropping
     # a dropped frame compared with last-task dropping's outcome for it: last-task dropping never meets a frame it
     # dropped, no dropping drops none, and no mode counts more than it dropped
     for row in result["fig7"]:

@@ -110,7 +110,8 @@ FIG7_ORDER = ("no dropping", "last-task dropping", "per-task dropping", "rerouti
 OVER_CAPACITY, WITHIN_HEADROOM, AS_THE_ARTIFACT = "over capacity", "within headroom", "the artifact's beta"
 FIG7_LOADS = {OVER_CAPACITY: None, WITHIN_HEADROOM: 1.0}  # None: the headroom in force
 # The artifact's Fig. 7 configs plan exactly the demand (beta 1) but the rerouting one's 1.05 (milp.ARTIFACT_HEADROOM):
-# run as it does, and per-task dropping at 1.05 too, to separate rerouting from its 5% more capacity
+# run with beta as the controller's headroom (the artifact applies it to the fan-out only, milp.ARTIFACT_HEADROOM), and
+# per-task dropping at 1.05 too, to separate rerouting from its 5% more capacity
 ARTIFACT_BETA = (("per-task dropping", 1.0), ("rerouting", 1.0), ("per-task dropping", milp.ARTIFACT_HEADROOM),
                  ("rerouting", milp.ARTIFACT_HEADROOM))
 
@@ -353,7 +354,7 @@ def _over_plan_share(run: Run, headroom: float) -> float:
     if not run.plans:
         return 0.0
     times = np.array([p.at_us for p in run.plans])
-    planned = np.array([p.demand_qps * headroom for p in run.plans])
+    planned = np.array([p.demand_qps * p.served * headroom for p in run.plans])
     at = np.maximum(np.searchsorted(times, np.arange(len(counts)) * 1_000_000, side="right") - 1, 0)
     over = (counts > planned[at])[second]
     violated = ~f.met
