@@ -99,6 +99,7 @@ def test_dynamic_batcher_mixes_subnets(fast_build, triton):
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     try:
         config = control.get_model_config(SUPERNET_MODEL)
+        original = json.dumps(config)
         config["dynamic_batching"] = {"max_queue_delay_microseconds": 5_000_000, "preferred_batch_size": [8]}
         control.load_model(SUPERNET_MODEL, config=json.dumps(config))
         before = _stats(triton)
@@ -115,7 +116,9 @@ def test_dynamic_batcher_mixes_subnets(fast_build, triton):
         after = _stats(triton)
     finally:
         client.close()
-        control.load_model(SUPERNET_MODEL)  # the repository's config again, for the tests after this one
+        # the repository's config again, for the tests after this one, given in full: a load without a config kept
+        # the override, whose 5 s batcher then held the next tests' one-row requests past the sidecar's deadline
+        control.load_model(SUPERNET_MODEL, config=original)
         control.close()
     for got, want in zip(results, expected):
         assert_logits_close(got, want)
