@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)
+	@# the native edge serves the demo's gRPC where it can be built (two minutes the first time); where it cannot,
+	@# the Python edge does, and this says why
+	$(BIN)/python -m scheduler_sidecar.native --if-possible
 	$(BIN)/accscale demo
 
 # pytest workers: one per core and one more, since a third of the suite's time is real-time traffic a worker
@@ -35,7 +38,7 @@ PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 # them would slow the tests that time real traffic
 native: $(STAMP)
 	@echo "== the native edge (built the first time: about two minutes)"
-	$(BIN)/python -c "from scheduler_sidecar.native import edge; edge()"
+	$(BIN)/python -m scheduler_sidecar.native
 
 test: $(STAMP) native
 	$(BIN)/ruff check .

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -75,6 +76,57 @@ grpc::ByteBuffer Serialize(const google::protobuf::Message& message) {
   grpc::Slice slice(std::move(bytes));
   return grpc::ByteBuffer(&slice, 1);
 }
+
+// Work the Python thread hands off: starting a gRPC write or call runs the transport (its syscalls) on the thread
+// that starts it, and on the event loop's thread that cost held up every other request. One thread takes what is
+// queued in bursts (one wake-up for many answers) and starts each in order.
+class Outbox {
+ public:
+  Outbox() : thread_([this] { Run(); }) {}
+  ~Outbox() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    ready_.notify_one();
+    thread_.join();
+  }
+
+  void Post(std::function<void()> work) {
+    bool wake;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      wake = queue_.empty() && !running_;
+      queue_.push_back(std::move(work));
+    }
+    if (wake) ready_.notify_one();
+  }
+
+ private:
+  void Run() {
+    std::vector<std::function<void()>> batch;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ready_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped, and everything posted has run
+      batch.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+      queue_.clear();
+      running_ = true;
+      lock.unlock();
+      for (auto& work : batch) work();
+      batch.clear();
+      lock.lock();
+      running_ = false;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> queue_;
+  bool running_ = false;  // the thread is working through a batch: it looks at the queue again before it waits
+  bool stopped_ = false;
+  std::thread thread_;
+};
 
 // One request as Python takes it. kind: 0 a request to serve, 1 its call was cancelled.
 struct Arrival {
@@ -227,9 +279,12 @@ class Edge {
     response.set_model_name(pending->model);
     response.set_model_version(pending->version);
     response.set_id(pending->request_id);
+    auto answer = std::make_shared<inference::ModelInferResponse>(std::move(response));
     py::gil_scoped_release unlocked;
-    std::lock_guard<std::recursive_mutex> lock(pending->call->mu);
-    if (pending->call->call) pending->call->call->Respond(id, &response, nullptr, "");
+    outbox_.Post([id, pending, answer] {
+      std::lock_guard<std::recursive_mutex> lock(pending->call->mu);
+      if (pending->call->call) pending->call->call->Respond(id, answer.get(), nullptr, "");
+    });
   }
 
   void Fail(uint64_t id, int code, const std::string& message, const std::string& error_class) {
@@ -239,10 +294,13 @@ class Edge {
     response.set_model_name(pending->model);
     response.set_model_version(pending->version);
     response.set_id(pending->request_id);
+    auto answer = std::make_shared<inference::ModelInferResponse>(std::move(response));
     grpc::Status status(static_cast<grpc::StatusCode>(code), message);
     py::gil_scoped_release unlocked;
-    std::lock_guard<std::recursive_mutex> lock(pending->call->mu);
-    if (pending->call->call) pending->call->call->Respond(id, &response, &status, error_class);
+    outbox_.Post([id, pending, answer, status, error_class] {
+      std::lock_guard<std::recursive_mutex> lock(pending->call->mu);
+      if (pending->call->call) pending->call->call->Respond(id, answer.get(), &status, error_class);
+    });
   }
 
   py::dict Stats() {
@@ -383,6 +441,7 @@ class Edge {
   bool stopped_ = false;
   int ready_fd_ = -1;
   bool signalled_ = false;  // ready_fd_ holds a count: a burst of arrivals costs one wake-up
+  Outbox outbox_;  // last: destroyed first, once the server has stopped
 };
 
 void Call::OnReadDone(bool ok) {
@@ -571,18 +630,8 @@ class Client {
     Worker& worker = WorkerFor(url);
     call->channel = worker.channel;
     Pending* raw = call.release();
-    worker.stub->async()->ModelInfer(&raw->context, &raw->request, &raw->response, [this, raw](grpc::Status status) {
-      std::unique_ptr<Pending> done(raw);
-      done->status = std::move(status);
-      done->ready = done->channel->GetState(false) == GRPC_CHANNEL_READY;
-      std::lock_guard<std::mutex> lock(mu_);
-      done_.push_back(std::move(done));
-      if (!signalled_) {
-        signalled_ = true;
-        uint64_t one = 1;
-        [[maybe_unused]] ssize_t n = write(ready_fd_, &one, sizeof one);
-      }
-    });
+    GRPCInferenceService::Stub* stub = worker.stub.get();
+    outbox_.Post([this, stub, raw] { Start(stub, raw); });
   }
 
   // Finished batches: (token, status code, message, channel ready, [(output name, raw bytes), ...]).
@@ -622,6 +671,24 @@ class Client {
   }
 
  private:
+  struct Pending;
+
+  // Runs on the outbox's thread.
+  void Start(GRPCInferenceService::Stub* stub, Pending* raw) {
+    stub->async()->ModelInfer(&raw->context, &raw->request, &raw->response, [this, raw](grpc::Status status) {
+      std::unique_ptr<Pending> done(raw);
+      done->status = std::move(status);
+      done->ready = done->channel->GetState(false) == GRPC_CHANNEL_READY;
+      std::lock_guard<std::mutex> lock(mu_);
+      done_.push_back(std::move(done));
+      if (!signalled_) {
+        signalled_ = true;
+        uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = write(ready_fd_, &one, sizeof one);
+      }
+    });
+  }
+
   struct Pending {
     uint64_t token = 0;
     grpc::ClientContext context;
@@ -658,6 +725,7 @@ class Client {
   bool signalled_ = false;
   std::mutex workers_mu_;
   std::unordered_map<std::string, Worker> workers_;
+  Outbox outbox_;  // last: destroyed first
 };
 
 }  // namespace

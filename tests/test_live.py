@@ -23,7 +23,7 @@ from scheduler_sidecar.errors import (
 )
 from scheduler_sidecar.live.driver import Answer, LiveDriver, LiveModel, ModelOptions, now_us
 from scheduler_sidecar.live.tensors import TensorSpec
-from scheduler_sidecar.live.workers import FakeWorker, Health, InferCall
+from scheduler_sidecar.live.workers import FakeWorker, Health, InferCall, SendingFakeWorker
 from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
@@ -69,8 +69,13 @@ def make_driver(*workers: FakeWorker, policies=None, clock=None, **options):
     return driver, models
 
 
-def worker(url: str = "a", gated: bool = True, **kw) -> FakeWorker:
-    return FakeWorker(url, compute=compute, gate=asyncio.Event() if gated else None, **kw)
+def worker(url: str = "a", gated: bool = True, fake: type[FakeWorker] = FakeWorker, **kw) -> FakeWorker:
+    return fake(url, compute=compute, gate=asyncio.Event() if gated else None, **kw)
+
+
+# a worker the driver awaits (``infer``, in a task per batch) and one that calls it back (``send``, the native
+# worker's way in): the tests marked with this run the driver's batch path both ways
+BOTH_WAYS = pytest.mark.parametrize("fake", [FakeWorker, SendingFakeWorker], ids=["awaited", "called-back"])
 
 
 def row(*values: float) -> dict[str, bytes]:
@@ -86,9 +91,10 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-def test_requests_are_batched_and_answered_with_their_own_rows():
+@BOTH_WAYS
+def test_requests_are_batched_and_answered_with_their_own_rows(fake):
     async def main():
-        w = worker()
+        w = worker(fake=fake)
         driver, (model,) = make_driver(w)
         first = asyncio.ensure_future(model.infer(row(1, 2), 1_000_000))
         await settle()  # the first request runs alone; the next three queue behind it
@@ -103,9 +109,10 @@ def test_requests_are_batched_and_answered_with_their_own_rows():
     asyncio.run(main())
 
 
-def test_a_client_that_leaves_frees_its_queue_entry():
+@BOTH_WAYS
+def test_a_client_that_leaves_frees_its_queue_entry(fake):
     async def main():
-        w = worker()
+        w = worker(fake=fake)
         driver, (model,) = make_driver(w)
         running = asyncio.ensure_future(model.infer(row(1, 1), 1_000_000))
         await settle()
@@ -129,9 +136,10 @@ def poisoned(call: InferCall) -> list[dict[str, bytes]]:
     return compute(call)
 
 
-def test_a_row_that_breaks_the_model_fails_alone_and_its_batch_mates_are_answered():
+@BOTH_WAYS
+def test_a_row_that_breaks_the_model_fails_alone_and_its_batch_mates_are_answered(fake):
     async def main():
-        w = FakeWorker("a", compute=poisoned, gate=asyncio.Event())
+        w = fake("a", compute=poisoned, gate=asyncio.Event())
         driver, (model,) = make_driver(w)
         first = asyncio.ensure_future(model.infer(row(0, 0), 1_000_000))
         await settle()  # the next five queue behind the first and run as one batch, one of them poisoned
@@ -148,9 +156,10 @@ def test_a_row_that_breaks_the_model_fails_alone_and_its_batch_mates_are_answere
     asyncio.run(main())
 
 
-def test_a_lost_worker_s_batch_is_retried_on_the_other():
+@BOTH_WAYS
+def test_a_lost_worker_s_batch_is_retried_on_the_other(fake):
     async def main():
-        lost, good = worker("a", fail_with=WorkerLost("gone")), worker("b", gated=False)
+        lost, good = worker("a", fail_with=WorkerLost("gone"), fake=fake), worker("b", gated=False, fake=fake)
         lost.gate.set()
         driver, (model,) = make_driver(lost, good)
         downs = []
@@ -239,11 +248,12 @@ def test_with_no_worker_left_every_request_gets_an_explicit_error():
     asyncio.run(main())
 
 
-def test_worker_errors_are_relayed_not_retried():
+@BOTH_WAYS
+def test_worker_errors_are_relayed_not_retried(fake):
     async def main():
-        failing = worker("a", fail_with=WorkerFailed("bad input shape"))
+        failing = worker("a", fail_with=WorkerFailed("bad input shape"), fake=fake)
         failing.gate.set()
-        driver, (model,) = make_driver(failing, worker("b", gated=False))
+        driver, (model,) = make_driver(failing, worker("b", gated=False, fake=fake))
         with pytest.raises(WorkerFailed, match="bad input shape"):
             await model.infer(row(1, 1), 1_000_000)
 
@@ -566,10 +576,11 @@ def test_two_logical_models_on_one_real_triton_never_run_two_batches_at_once(tmp
     assert all(end <= next_start for (_, end), (next_start, _) in zip(intervals, intervals[1:]))
 
 
-def test_a_request_s_rows_arrive_together_and_are_answered_together():
+@BOTH_WAYS
+def test_a_request_s_rows_arrive_together_and_are_answered_together(fake):
     """Four rows of one request are queued at once: one batch of four, their answers joined in row order."""
     async def main():
-        w = worker(gated=False)
+        w = worker(gated=False, fake=fake)
         driver, (model,) = make_driver(w)
         answers = await model.infer_rows([row(i, 1) for i in range(4)], 1_000_000)
         assert [logits(a)[0] for a in answers] == [1, 2, 3, 4] and [c.rows for c in w.calls] == [4]
@@ -580,11 +591,12 @@ def test_a_request_s_rows_arrive_together_and_are_answered_together():
     asyncio.run(main())
 
 
-def test_a_request_whose_row_fails_fails_and_its_other_rows_are_withdrawn():
+@BOTH_WAYS
+def test_a_request_whose_row_fails_fails_and_its_other_rows_are_withdrawn(fake):
     """One row of a request breaks the model: the request gets that row's error, and its other rows are withdrawn
     (taken off the queue, or their answers discarded)."""
     async def main():
-        w = FakeWorker("a", compute=poisoned, gate=asyncio.Event())
+        w = fake("a", compute=poisoned, gate=asyncio.Event())
         driver, (model,) = make_driver(w)
         blocker = asyncio.ensure_future(model.infer(row(0, 0), 1_000_000))
         await settle()

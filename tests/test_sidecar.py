@@ -437,9 +437,10 @@ def test_serve_refuses_a_bad_config_with_a_clear_error(tmp_path, triton):
     assert result.returncode == 2 and "unknown keys ['colour']" in result.stderr
 
 
-@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("edge", [*EDGES, "auto"])
 def test_sigterm_stops_the_sidecar_cleanly(fast_build, triton, images, edge, request):
-    if edge == "native":
+    """``auto``, the default: the native edge, which is built here, and the log says so."""
+    if edge != "python":
         request.getfixturevalue("native_edge")
     server = SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path, extra_args=["--edge", edge])
     server.start()
@@ -454,6 +455,16 @@ def test_sigterm_stops_the_sidecar_cleanly(fast_build, triton, images, edge, req
     server.log_path.unlink()
     assert "warmed up ['digits'] with 1 request(s) each" in log  # before it said it was ready
     assert "stopping" in log and "Error in sys.excepthook" not in log and "Traceback" not in log, log
+    if edge == "auto":
+        assert "the native edge serves gRPC by default: the native edge is built" in log, log
+    assert f"gRPC served by the {'native' if edge == 'auto' else edge} edge" in log
+
+
+def test_the_default_edge_is_python_where_the_native_one_is_not_built(tmp_path):
+    from scheduler_sidecar.native import built_edge
+
+    module, why = built_edge(tmp_path)  # an empty build folder: nothing is built there, and nothing is started
+    assert module is None and "not built" in why and not any(tmp_path.iterdir())
 
 
 def test_ramsis_serves_separate_triton_models_live(fast_build, triton, images, tmp_path):

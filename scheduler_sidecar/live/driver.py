@@ -4,7 +4,8 @@ One :class:`LiveDriver` per shared worker pool. Each logical model is a query ty
 engine (:class:`LiveModel` is what the front ends see of it), and every model instance of a
 worker is one worker slot shared by all types, so two logical models never run two batches on
 one slot at once. The driver supplies the clock and the executor: a dispatched batch becomes
-one ``infer`` call on the slot's worker, with the rows concatenated and the variant's control
+one call on the slot's worker (its ``send``, which calls back, where it has one: the native
+worker's; else an awaited ``infer``), with the rows concatenated and the variant's control
 row (supernet) or model name (separate models), and its output split back into one answer per
 request; a load or unload goes to Triton's model-control API; a plan is solved in a thread, so
 a long solve never blocks requests. A logical model's ``follow_up`` hook may turn an answer into
@@ -178,13 +179,47 @@ class LiveModel:
         return InferCall(act.model, act.version or "", tuple(tensors), tuple(self.outputs.values()), parameters)
 
 
+class Request:
+    """One client request in flight, a query per row: answered (``done(answers, None)``) when every row is, or
+    failed (``done(None, error)``) by its first row that fails; ``done`` is called once, on the event loop, and
+    must not raise. What :meth:`LiveDriver.submit` returns and :meth:`LiveDriver.withdraw` takes."""
+
+    __slots__ = ("answers", "left", "done", "ended", "query_ids", "model")
+
+    def __init__(self, model: str, rows: int, done: Callable[[list[Answer] | None, RequestError | None], None]
+                 ) -> None:
+        self.model = model
+        self.answers: list[Answer | None] = [None] * rows
+        self.left = rows
+        self.done = done
+        self.ended = False
+        self.query_ids: list[int] = []
+
+    def end(self, answers: list[Answer] | None, error: RequestError | None) -> None:
+        self.ended = True
+        self.done(answers, error)
+
+
 @dataclass
 class _Pending:
     query: Query
     model: LiveModel
     inputs: dict[str, bytes]  # one row per input, raw
-    future: asyncio.Future  # the client's; a follow-up query answers its parent's client
+    request: Request  # the client's; a follow-up query answers its parent's client
+    row: int  # which of the request's rows this query answers
     handed_over: bool = False  # a follow-up query took over the answer
+
+
+class _Run(NamedTuple):
+    """A batch on its way through a worker."""
+
+    batch: Batch
+    worker: Worker
+    model: LiveModel
+    variant: Variant
+    live: list[_Pending]  # its queries whose clients are still there, in order
+    start_us: int
+    last_deadline_us: int
 
 
 class LiveDriver:
@@ -219,6 +254,8 @@ class LiveDriver:
         self._timers: set[asyncio.TimerHandle] = set()
         self._planner_faults: set[int] = set()  # id() of the planners whose failure's traceback was logged
         self._tasks: set[asyncio.Task] = set()
+        self._sent = 0  # batches sent through a worker's ``send`` and not answered yet
+        self._settled: asyncio.Future | None = None  # resolved when the last of them is
 
     # ---------------------------------------------------------------- workers
     def add_worker(self, worker: Worker, slots: int, *, device: str | None = None,
@@ -296,7 +333,25 @@ class LiveDriver:
     # ---------------------------------------------------------------- requests
     async def infer(self, model: LiveModel, rows: Sequence[dict[str, bytes]], slo_us: int,
                     budget_us: int | None = None, waited_us: int = 0) -> list[Answer]:
-        """Queue one request, a query per row, and wait for their answers; raises a RequestError if one has none.
+        """Queue one request and wait for its answers (see :meth:`submit`); raises a RequestError if it has none. A
+        request whose caller is cancelled (the client left) is withdrawn."""
+        future = asyncio.get_running_loop().create_future()
+
+        def done(answers: list[Answer] | None, error: RequestError | None) -> None:
+            if not future.done():
+                future.set_result(answers) if error is None else future.set_exception(error)
+
+        request = self.submit(model, rows, slo_us, budget_us, waited_us, done)
+        try:
+            return await future
+        finally:
+            if future.cancelled() or not future.done():  # the caller was cancelled: the client left
+                future.cancel()
+                self.withdraw(request)
+
+    def submit(self, model: LiveModel, rows: Sequence[dict[str, bytes]], slo_us: int, budget_us: int | None,
+               waited_us: int, done: Callable[[list[Answer] | None, RequestError | None], None]) -> Request:
+        """Queue one request, a query per row; ``done`` gets its answers, or the error of the first row that has none.
 
         A request's rows are queries of their own that share its deadline: a policy may batch them
         with other clients' rows, on different variants, and they arrive together (one decision for
@@ -305,31 +360,34 @@ class LiveDriver:
         discarded if they are running): a client gets all of its rows or an error, as from Triton.
         ``waited_us``: how long the request had already waited when it got here (the front end's estimate); it
         arrived that much earlier, and its deadline is that much nearer.
+
+        No coroutine or future per request: the native edge calls this for each request it takes, and its answer
+        goes out from ``done`` (the asyncio front ends wait on it through :meth:`infer`).
         """
         now = self.clock() - waited_us
         deadline = now + min(slo_us, budget_us + waited_us if budget_us is not None else slo_us)
-        loop = asyncio.get_running_loop()
-        queries, futures = [], []
-        for inputs in rows:
+        request = Request(model.name, len(rows), done)
+        queries = []
+        for row, inputs in enumerate(rows):
             qid = next(self._ids)
             query = Query(deadline, qid, qid, now, model.name)
-            future = loop.create_future()
-            self._pending[qid] = _Pending(query, model, inputs, future)
+            self._pending[qid] = _Pending(query, model, inputs, request, row)
             queries.append(query)
-            futures.append(future)
+            request.query_ids.append(qid)
         self._guard(self.engine.arrive, *queries)
-        try:
-            if len(futures) == 1:
-                return [await futures[0]]
-            return await asyncio.gather(*futures)
-        finally:
-            for query, future in zip(queries, futures):
-                if future.cancelled() or not future.done():  # the client left, or a row of its request failed
-                    future.cancel()
-                    if self._pending.pop(query.id, None) is not None:
-                        self._guard(self.engine.cancel, query.id, model.name)
-                else:
-                    future.exception()  # a second failed row's error is the request's too: retrieved, not logged
+        return request
+
+    def withdraw(self, request: Request) -> None:
+        """The client left: its request is not answered, and its rows still queued are taken off the queue (those
+        running finish, and their answers are discarded)."""
+        if not request.ended:
+            request.ended = True
+            self._withdraw_rows(request)
+
+    def _withdraw_rows(self, request: Request) -> None:
+        for qid in request.query_ids:
+            if self._pending.pop(qid, None) is not None:
+                self._guard(self.engine.cancel, qid, request.model)
 
     def set_policy(self, model: str, policy: Policy) -> Policy:
         """Switch a model's policy in place; returns the old one."""
@@ -346,18 +404,25 @@ class LiveDriver:
         label = "error" if isinstance(error, (WorkerFailed, InternalError)) else \
             "shed" if isinstance(error, Overloaded) else outcome.value
         stats.request(record.variant_id or "", label)
-        if pending.future.done() or (pending.handed_over and outcome in (Outcome.MET, Outcome.LATE)):
+        request = pending.request
+        if request.ended or (pending.handed_over and outcome in (Outcome.MET, Outcome.LATE)):
             return
         if outcome is Outcome.MET or outcome is Outcome.LATE:
             rows, start, end, worker, slot = output
             if outcome is Outcome.MET:
                 stats.served_accuracy.observe(record.accuracy)
             stats.latency.observe((end - record.arrival_us) / 1e6)
-            pending.future.set_result(Answer(rows, record.variant_id, record.accuracy, start - record.arrival_us,
-                                             end - start, record.batch_size, worker, slot))
-        else:
-            pending.future.set_exception(error if isinstance(error, RequestError)
-                                         else Unavailable(str(error) if error else outcome.value))
+            request.answers[pending.row] = Answer(rows, record.variant_id, record.accuracy,
+                                                  start - record.arrival_us, end - start, record.batch_size, worker,
+                                                  slot)
+            request.left -= 1
+            if request.left == 0:
+                request.end(request.answers, None)
+            return
+        request.end(None, error if isinstance(error, RequestError)
+                    else Unavailable(str(error) if error else outcome.value))
+        if len(request.query_ids) > 1:  # its other rows: off the queue once the engine's event has returned
+            asyncio.get_running_loop().call_soon(self._withdraw_rows, request)
 
     def _guard(self, fn, *args):
         """Run an engine event. A policy or planner that raises is the engine's to contain (it fails only its own
@@ -372,47 +437,93 @@ class LiveDriver:
             running = {q.id for batch in self.engine.running().values() for q in batch.queries}
             for qid in [qid for qid in self._pending if qid not in running]:
                 pending = self._pending.pop(qid)
-                if not pending.future.done():
+                if not pending.request.ended:
                     pending.model.stats.request("", "error")
-                    pending.future.set_exception(error)
+                    pending.request.end(None, error)
             return None
 
     # ---------------------------------------------------------------- the engine's executor
     def run_batch(self, batch: Batch) -> None:
-        self._spawn(self._run(batch))
-
-    async def _run(self, batch: Batch) -> None:
-        worker, label = self.membership.worker(batch.worker_id), self.membership.label(batch.worker_id)
+        """Send the batch to its worker: through the worker's ``send`` where it has one (its answer comes back in a
+        callback, with no coroutine per batch), else in a task that awaits ``infer``."""
         rows = [self._pending.get(q.id) for q in batch.queries]
         live = [p for p in rows if p is not None]
         if not live:  # every client left before its batch started
             self._guard(self.engine.batch_done, batch, BatchResult())
             return
         model = live[0].model
-        variant = model.variants[batch.variant_id]
-        start = self.clock()
-        last_deadline_us = max(q.deadline_us for q in batch.queries)
+        run = _Run(batch, self.membership.worker(batch.worker_id), model, model.variants[batch.variant_id], live,
+                   self.clock(), max(q.deadline_us for q in batch.queries))
+        call = model.call(run.variant, [p.inputs for p in live], batch.dispatch.params)
+        send = getattr(run.worker, "send", None)
+        if send is None:
+            self._spawn(self._run(run, call))
+            return
+        self._sent += 1
         try:
-            answers = await self._infer(worker, model, variant, live, last_deadline_us, batch.dispatch.params)
-        except WorkerLost as exc:
-            self.on_worker_lost(worker, str(exc))
-            self._guard(self.engine.batch_failed, batch, exc.about(batch.query_ids))
+            send(call, self._timeout_s(run.last_deadline_us), lambda result: self._sent_back(run, result))
+        except Exception as exc:  # the call could not start: the batch ends now, as a failed one
+            self._sent_back(run, exc)
+
+    def _timeout_s(self, last_deadline_us: int) -> float:
+        return max(0.0, (last_deadline_us - self.clock()) / 1e6) + RPC_GRACE_S
+
+    def _sent_back(self, run: _Run, result: list[dict[str, bytes]] | BaseException) -> None:
+        self._sent -= 1
+        if self._sent == 0 and self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
+        self._ran(run, result)
+
+    async def _run(self, run: _Run, call: InferCall) -> None:
+        try:
+            result = await run.worker.infer(call, self._timeout_s(run.last_deadline_us))
+        except Exception as exc:
+            result = exc
+        self._ran(run, result)
+
+    def _ran(self, run: _Run, result: list[dict[str, bytes]] | BaseException) -> None:
+        """A batch's worker answered: a failure of several rows for a reason other than time is retried in halves
+        (:meth:`_infer`); anything else ends the batch."""
+        if isinstance(result, WorkerFailed) and len(run.live) > 1 and result.code is not Code.DEADLINE_EXCEEDED:
+            log.warning("a batch of %d on %s failed (%s); retrying it in halves", len(run.live), run.worker.url,
+                        result)
+            self._spawn(self._halves(run))
             return
-        except WorkerError as exc:
-            self._guard(self.engine.batch_failed, batch, exc.about(batch.query_ids))
+        self._finish(run, [result] * len(run.live) if isinstance(result, WorkerFailed) else result)
+
+    async def _halves(self, run: _Run) -> None:
+        half = len(run.live) // 2
+        params = run.batch.dispatch.params
+        try:
+            result = [*await self._infer(run.worker, run.model, run.variant, run.live[:half], run.last_deadline_us,
+                                         params),
+                      *await self._infer(run.worker, run.model, run.variant, run.live[half:], run.last_deadline_us,
+                                         params)]
+        except Exception as exc:
+            result = exc
+        self._finish(run, result)
+
+    def _finish(self, run: _Run, result: list[dict[str, bytes] | WorkerFailed] | BaseException) -> None:
+        batch, worker, model, live, start = run.batch, run.worker, run.model, run.live, run.start_us
+        if isinstance(result, WorkerLost):
+            self.on_worker_lost(worker, str(result))
+            self._guard(self.engine.batch_failed, batch, result.about(batch.query_ids))
             return
-        except Exception as exc:  # a bug; the batch's requests still get an answer
-            log.exception("batch on %s failed", label)
+        if isinstance(result, WorkerError):
+            self._guard(self.engine.batch_failed, batch, result.about(batch.query_ids))
+            return
+        if isinstance(result, BaseException):  # a bug; the batch's requests still get an answer
+            log.error("batch on %s failed", self.membership.label(batch.worker_id), exc_info=result)
             self._guard(self.engine.batch_failed, batch, WorkerFailed(
-                f"{type(exc).__name__}: {exc}", worker=worker.url, queries=batch.query_ids))
+                f"{type(result).__name__}: {result}", worker=worker.url, queries=batch.query_ids))
             return
         end = self.clock()
-        served = [(p, out) for p, out in zip(live, answers) if not isinstance(out, WorkerFailed)]
-        failed = {p.query.id: out for p, out in zip(live, answers) if isinstance(out, WorkerFailed)}
+        served = [(p, out) for p, out in zip(live, result) if not isinstance(out, WorkerFailed)]
+        failed = {p.query.id: out for p, out in zip(live, result) if isinstance(out, WorkerFailed)}
         outputs = {p.query.id: (out, start, end, worker.url, batch.worker_id) for p, out in served}
         model.stats.batch_size.observe(len(live))
         if model.options.latency_calibration and not failed:  # a split batch's time is not a batch latency
-            self._calibrate(model, variant, batch.device, len(live), end - start)
+            self._calibrate(model, run.variant, batch.device, len(live), end - start)
         follow_ups: tuple[Query, ...] = ()
         if model.follow_up is not None and served:
             try:
@@ -430,13 +541,12 @@ class LiveDriver:
         halves, so one client's input that breaks the model fails that request alone, not its
         batch-mates (at the cost of about 2 log2(batch) more calls, on a path that should be rare).
         """
-        timeout_s = max(0.0, (last_deadline_us - self.clock()) / 1e6) + RPC_GRACE_S
         try:
-            return await worker.infer(model.call(variant, [p.inputs for p in rows], params), timeout_s)
+            return await worker.infer(model.call(variant, [p.inputs for p in rows], params),
+                                      self._timeout_s(last_deadline_us))
         except WorkerFailed as exc:
             if len(rows) == 1 or exc.code is Code.DEADLINE_EXCEEDED:
                 return [exc] * len(rows)
-            log.warning("a batch of %d on %s failed (%s); retrying it in halves", len(rows), worker.url, exc)
             half = len(rows) // 2
             return [*await self._infer(worker, model, variant, rows[:half], last_deadline_us, params),
                     *await self._infer(worker, model, variant, rows[half:], last_deadline_us, params)]
@@ -458,7 +568,7 @@ class LiveDriver:
                 raise ValueError(f"model {model.name}: a follow-up names unknown model {name!r}")
             qid = next(self._ids)
             query = Query(p.query.deadline_us, qid, qid, now, name, parent=p.query.id, stage=p.query.stage + 1)
-            self._pending[qid] = _Pending(query, self.models[name], inputs, p.future)
+            self._pending[qid] = _Pending(query, self.models[name], inputs, p.request, p.row)
             p.handed_over = True
             out.append(query)
         return tuple(out)
@@ -580,7 +690,10 @@ class LiveDriver:
 
     async def settle(self) -> None:
         """Wait until every batch, load and plan started so far has been handed back to the engine."""
-        while self._tasks:
+        while self._tasks or self._sent:
+            if self._sent:
+                self._settled = asyncio.get_running_loop().create_future()
+                await self._settled
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     @property
@@ -594,7 +707,7 @@ class LiveDriver:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for pending in list(self._pending.values()):
-            if not pending.future.done():
+            if not pending.request.ended:
                 pending.model.stats.request("", "failed")
-                pending.future.set_exception(Unavailable("the sidecar is shutting down"))
+                pending.request.end(None, Unavailable("the sidecar is shutting down"))
         self._pending.clear()

@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
+from collections.abc import Callable
 
 import grpc
 
+from scheduler_sidecar.errors import WorkerError
 from scheduler_sidecar.live.workers import (
     BATCH_LOST,
     InferCall,
@@ -22,41 +25,49 @@ from scheduler_sidecar.live.workers import (
     status_error,
 )
 
+log = logging.getLogger(__name__)
+
 TAKE_LIMIT = 512  # answers per call into Python, at most
 CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class NativeClient:
-    """One C++ Triton client for the process; its answers resolve futures on the event loop that sent them."""
+    """One C++ Triton client for the process; its answers reach their callbacks on the event loop that sent them."""
 
     def __init__(self, module) -> None:
         self.client = module.Client()
-        self._futures: dict[int, asyncio.Future] = {}
+        self._callbacks: dict[int, Callable[[tuple], None]] = {}
         self._tokens = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def infer(self, url: str, call: InferCall, timeout_s: float) -> tuple[int, str, bool, list]:
-        """(status code, message, whether the channel was ready, [(output name, raw bytes), ...])."""
-        loop = asyncio.get_running_loop()
+    def send(self, url: str, call: InferCall, timeout_s: float, done: Callable[[tuple], None]) -> None:
+        """Start the batch; ``done`` gets (status code, message, whether the channel was ready, [(output name, raw
+        bytes), ...]) when Triton answers, on this event loop."""
         if self._loop is None:
-            loop.add_reader(self.client.fd, self._take)
-            self._loop = loop
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self.client.fd, self._take)
         token = next(self._tokens)
-        future = self._futures[token] = loop.create_future()
         parameters = {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v) for k, v in call.parameters}
-        try:
-            self.client.infer(token, url, call.model, call.version,
-                              [(spec.name, spec.datatype, [call.rows, *spec.dims], rows) for spec, rows in call.inputs],
-                              parameters, max(1, round(timeout_s * 1e6)))
-            return await future
-        finally:
-            self._futures.pop(token, None)  # a batch abandoned by its caller: its answer is dropped when it comes
+        self.client.infer(token, url, call.model, call.version,
+                          [(spec.name, spec.datatype, [call.rows, *spec.dims], rows) for spec, rows in call.inputs],
+                          parameters, max(1, round(timeout_s * 1e6)))
+        self._callbacks[token] = done
+
+    async def infer(self, url: str, call: InferCall, timeout_s: float) -> tuple[int, str, bool, list]:
+        """:meth:`send`, awaited."""
+        future = asyncio.get_running_loop().create_future()
+        self.send(url, call, timeout_s, lambda answer: future.done() or future.set_result(answer))
+        return await future
 
     def _take(self) -> None:
         for token, *answer in self.client.take(TAKE_LIMIT):
-            future = self._futures.pop(token, None)
-            if future is not None and not future.done():
-                future.set_result(answer)
+            done = self._callbacks.pop(token, None)
+            if done is None:
+                continue
+            try:
+                done(answer)
+            except Exception:  # a bug in one batch's handling: the other answers are still delivered
+                log.exception("handling a batch's answer failed")
 
     def close(self) -> None:
         if self._loop is not None:
@@ -71,10 +82,25 @@ class NativeTritonWorker(TritonWorker):
         super().__init__(url)
         self.client = client
 
+    def send(self, call: InferCall, timeout_s: float,
+             done: Callable[[list[dict[str, bytes]] | WorkerError], None]) -> None:
+        """Start a batch; ``done`` gets each query's output rows, or the worker's error (as :meth:`infer` would
+        raise it). The driver's way in: no coroutine per batch."""
+        self.client.send(self.url, call, timeout_s, lambda answer: done(self._result(call, answer)))
+
     async def infer(self, call: InferCall, timeout_s: float) -> list[dict[str, bytes]]:
-        code, message, ready, outputs = await self.client.infer(self.url, call, timeout_s)
+        result = self._result(call, await self.client.infer(self.url, call, timeout_s))
+        if isinstance(result, WorkerError):
+            raise result
+        return result
+
+    def _result(self, call: InferCall, answer: tuple) -> list[dict[str, bytes]] | WorkerError:
+        code, message, ready, outputs = answer
         if code:
             state = grpc.ChannelConnectivity.READY if ready else grpc.ChannelConnectivity.IDLE
-            raise status_error(self.url, CODES.get(code, grpc.StatusCode.UNKNOWN), message, BATCH_LOST, state)
+            return status_error(self.url, CODES.get(code, grpc.StatusCode.UNKNOWN), message, BATCH_LOST, state)
         self.answered += 1
-        return split_outputs(self.url, call, outputs)
+        try:
+            return split_outputs(self.url, call, outputs)
+        except WorkerError as exc:
+            return exc

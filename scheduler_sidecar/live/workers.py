@@ -341,3 +341,23 @@ class FakeWorker:
     async def close(self) -> None:
         pass
 
+
+
+class SendingFakeWorker(FakeWorker):
+    """:class:`FakeWorker` with ``send``, the callback way in that the native worker offers: the driver then runs
+    its batches with no coroutine of its own (the fake itself still runs each in a task, to keep its gate and
+    delays)."""
+
+    def send(self, call: InferCall, timeout_s: float,
+             done: Callable[[list[dict[str, bytes]] | WorkerError], None]) -> None:
+        async def run() -> None:
+            try:
+                result = await self.infer(call, timeout_s)
+            except WorkerError as exc:
+                result = exc
+            done(result)
+
+        sending = self.__dict__.setdefault("_sending", set())  # the tasks, held until done
+        task = asyncio.get_running_loop().create_task(run())
+        sending.add(task)
+        task.add_done_callback(sending.discard)

@@ -45,6 +45,19 @@ def edge(build: Path = BUILD) -> ModuleType:
     return module
 
 
+def built_edge(build: Path = BUILD) -> tuple[ModuleType | None, str]:
+    """The native edge where it is built (installed with the package, or built in this checkout, which is brought up
+    to date), else None; and why, in words for the log. Never starts a first build: ``accscale serve``'s default
+    edge must not make a sidecar's start wait two minutes."""
+    name = f"_edge{sysconfig.get_config_var('EXT_SUFFIX')}"
+    if not (Path(__file__).with_name(name).exists() and not SOURCE.exists()) and not (build / name).exists():
+        return None, f"the native edge is not built ({'make native builds it' if SOURCE.exists() else NEEDS})"
+    try:
+        return edge(build), "the native edge is built"
+    except (NativeUnavailable, ImportError) as exc:
+        return None, f"the native edge cannot be loaded: {exc}"
+
+
 def _built(name: str, path: Path, build: Path) -> Path:
     """``path`` after an incremental build of target ``name`` (a no-op when the sources have not changed), one
     build at a time (test workers share the folder); the last build where the tools are missing."""

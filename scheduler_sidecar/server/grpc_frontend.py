@@ -18,9 +18,12 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from scheduler_sidecar.errors import InternalError, InvalidRequest, RequestError
+from scheduler_sidecar.live.driver import Answer
 from scheduler_sidecar.server.protocol import (
     CONTENTS_FIELD,
+    InferRequest,
     Limits,
+    ModelInfo,
     OutputIn,
     TensorIn,
     grpc_status,
@@ -142,17 +145,27 @@ class Outputs(NamedTuple):
     tensors: list[tuple[str, str, list[int], bytes]]
 
 
-async def serve(sidecar: Sidecar, model_name: str, version: str, params: dict, inputs: Callable[[], list[TensorIn]],
-                outputs: list[str], budget_us: int | None, waited_us: int | None = None) -> Outputs:
-    """A ModelInfer request, checked and served: what the Python and the native edge share. ``inputs`` is called
-    once the model is known (an unknown model's error comes first); ``waited_us`` is how long the request waited
-    before it got here, where the edge measured it."""
+def check(sidecar: Sidecar, model_name: str, version: str, params: dict, inputs: Callable[[], list[TensorIn]],
+          outputs: list[str]) -> tuple[ModelInfo, InferRequest]:
+    """A ModelInfer request's model and the request checked against it: what both edges do first. ``inputs`` is
+    called once the model is known (an unknown model's error comes first)."""
     model = sidecar.model(model_name, version)
-    checked = parse_request(model, params, inputs(), [OutputIn(name) for name in outputs], sidecar.limits)
-    answer = await sidecar.infer(checked, model, budget_us, waited_us)
+    return model, parse_request(model, params, inputs(), [OutputIn(name) for name in outputs], sidecar.limits)
+
+
+def outputs_of(model: ModelInfo, checked: InferRequest, answer: Answer) -> Outputs:
+    """A served request's answer as both edges write it."""
     return Outputs(answer.parameters(), [(name, model.outputs[name].datatype,
                                           [checked.count, *model.outputs[name].dims], answer.outputs[name])
                                          for name, _ in checked.outputs])
+
+
+async def serve(sidecar: Sidecar, model_name: str, version: str, params: dict, inputs: Callable[[], list[TensorIn]],
+                outputs: list[str], budget_us: int | None, waited_us: int | None = None) -> Outputs:
+    """A ModelInfer request, checked and served (see :func:`check`); ``waited_us`` is how long the request waited
+    before it got here, where the edge measured it."""
+    model, checked = check(sidecar, model_name, version, params, inputs, outputs)
+    return outputs_of(model, checked, await sidecar.infer(checked, model, budget_us, waited_us))
 
 
 class Undecodable(NamedTuple):

@@ -2,9 +2,10 @@
 
 The edge owns the public gRPC port. It parses ``ModelInfer`` and ``ModelStreamInfer`` requests on gRPC's threads
 and queues them; the event loop watches the edge's eventfd and, woken, takes what is queued in one call (a burst
-of requests costs one wake-up and one call into Python). Each request is checked and served as the Python front
-end serves it
-(:func:`grpc_frontend.serve`). Its outputs go back to the edge, which builds, serializes and writes the answer.
+of requests costs one wake-up and one call into Python). Each request is checked as the Python front end checks it
+(:func:`grpc_frontend.check`) and queued for the engine with no coroutine or future of its own
+(``LiveDriver.submit``): its answer comes back in a callback, and its outputs go to the edge, which builds,
+serializes and writes the answer.
 Every other method (health, metadata, config) the edge passes to the Python front end, which listens on a free
 loopback port behind it: what those answer has one implementation. The batches go to Triton from C++ as well
 (:mod:`scheduler_sidecar.live.native_worker`).
@@ -22,11 +23,11 @@ from collections.abc import Callable
 from tritonclient.grpc import service_pb2 as pb
 
 from scheduler_sidecar.errors import InternalError, RequestError
-from scheduler_sidecar.live.driver import now_us
+from scheduler_sidecar.live.driver import Answer, Request, now_us
 from scheduler_sidecar.live.native_worker import NativeClient, NativeTritonWorker
 from scheduler_sidecar.native import edge as native_edge
 from scheduler_sidecar.server import grpc_frontend
-from scheduler_sidecar.server.protocol import TensorIn, grpc_status
+from scheduler_sidecar.server.protocol import InferRequest, ModelInfo, TensorIn, grpc_status
 from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class NativeFrontend:
         self.sidecar = sidecar
         self.edge = None
         self._python = None  # the Python gRPC front end behind the edge
-        self._serving: dict[int, asyncio.Task] = {}
+        self._serving: dict[int, Request] = {}  # the edge's request id -> the request in flight
 
     async def start(self, host: str, port: int) -> int:
         module = native_edge()
@@ -57,47 +58,65 @@ class NativeFrontend:
     async def stop(self, grace: float = 1.0) -> None:
         asyncio.get_running_loop().remove_reader(self.edge.fd)
         await asyncio.to_thread(self.edge.stop)
-        for task in list(self._serving.values()):
-            task.cancel()
+        for request in list(self._serving.values()):
+            self.sidecar.withdraw(request)
+        self._serving.clear()
         await self._python.stop(grace=grace)
 
     def _take(self) -> None:
-        """What the edge has queued, in one call: requests to serve and requests whose client left."""
-        loop = asyncio.get_running_loop()
+        """What the edge has queued, in one call: requests to serve and requests whose client left. Each request is
+        checked and queued here, with no coroutine of its own; its answer goes to the edge from :meth:`_answer`."""
         for arrival in self.edge.take(TAKE_LIMIT, 0):
             rid = arrival[0]
             if arrival[1] == CANCELLED:  # the client left: what it asked is no longer served
-                task = self._serving.pop(rid, None)
-                if task is not None:
-                    task.cancel()
+                request = self._serving.pop(rid, None)
+                if request is not None:
+                    self.sidecar.withdraw(request)
                 continue
-            task = loop.create_task(self._serve(*arrival))
-            self._serving[rid] = task
-            task.add_done_callback(lambda _, rid=rid: self._serving.pop(rid, None))
+            try:
+                self._serve(*arrival)
+            except RequestError as exc:
+                self._fail(rid, exc)
+            except Exception as exc:  # a bug: still this request's answer
+                log.exception("a request failed")
+                self._fail(rid, InternalError(f"{type(exc).__name__}: {exc}"))
 
-    async def _serve(self, rid: int, _kind: int, model: str, version: str, _request_id: str, params: dict,
-                     inputs: list | None, outputs: list[str], remaining_us: int, arrival_us: int,
-                     whole: bytes | None) -> None:
+    def _serve(self, rid: int, _kind: int, model_name: str, version: str, _request_id: str, params: dict,
+               inputs: list | None, outputs: list[str], remaining_us: int, arrival_us: int,
+               whole: bytes | None) -> None:
         waited_us = max(0, now_us() - arrival_us)
         budget_us = None if remaining_us < 0 else remaining_us - waited_us
+        if whole is not None:  # typed contents (or a malformed raw request): Python's parser reads it
+            request = pb.ModelInferRequest.FromString(whole)
+            read = lambda: grpc_frontend.inputs_of(request)  # noqa: E731
+        else:
+            read = lambda: [TensorIn(name, datatype, shape, raw=raw)  # noqa: E731
+                            for name, datatype, shape, raw in inputs]
+        model, checked = grpc_frontend.check(self.sidecar, model_name, version, params, read, outputs)
+        submitted = self.sidecar.submit(checked, model, budget_us, waited_us,
+                                        lambda answer, error: self._answer(rid, model, checked, answer, error))
+        if not submitted.ended:  # refused on arrival, it has had its answer already
+            self._serving[rid] = submitted
+
+    def _answer(self, rid: int, model: ModelInfo, checked: InferRequest, answer: Answer | None,
+                error: RequestError | None) -> None:
+        """A request's answer or error, to the edge. Called from the engine's events: it never raises."""
+        self._serving.pop(rid, None)
         try:
-            if whole is not None:  # typed contents (or a malformed raw request): Python's parser reads it
-                request = pb.ModelInferRequest.FromString(whole)
-                read = lambda: grpc_frontend.inputs_of(request)  # noqa: E731
-            else:
-                read = lambda: [TensorIn(name, datatype, shape, raw=raw)  # noqa: E731
-                                for name, datatype, shape, raw in inputs]
-            answer = await grpc_frontend.serve(self.sidecar, model, version, params, read, outputs, budget_us,
-                                               waited_us)
-            self.edge.answer(rid, answer.tensors, answer.parameters)
-        except asyncio.CancelledError:
-            return
-        except RequestError as exc:
-            self.edge.fail(rid, grpc_status(exc.code).value[0], exc.message, type(exc).__name__)
+            if error is not None:
+                self._fail(rid, error)
+                return
+            outputs = grpc_frontend.outputs_of(model, checked, answer)
+            self.edge.answer(rid, outputs.tensors, outputs.parameters)
         except Exception as exc:  # a bug (or an answer the edge could not take): still this request's answer
             log.exception("a request failed")
-            error = InternalError(f"{type(exc).__name__}: {exc}")
-            self.edge.fail(rid, grpc_status(error.code).value[0], error.message, type(error).__name__)
+            self._fail(rid, InternalError(f"{type(exc).__name__}: {exc}"))
+
+    def _fail(self, rid: int, exc: RequestError) -> None:
+        try:
+            self.edge.fail(rid, grpc_status(exc.code).value[0], exc.message, type(exc).__name__)
+        except Exception:  # the edge could not take the message: the call ends when its client's deadline does
+            log.exception("failing request %d failed", rid)
 
 
 def connect() -> Callable[[str], NativeTritonWorker]:

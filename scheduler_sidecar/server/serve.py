@@ -20,7 +20,7 @@ from scheduler_sidecar.systems import policies
 
 log = logging.getLogger(__name__)
 
-EDGES = ("python", "native")
+EDGES = ("auto", "python", "native")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,9 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="bind address of both ports (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, help="HTTP port (default 8100; 0 picks a free one)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 8101; 0 picks a free one)")
-    p.add_argument("--edge", choices=EDGES, default="python",
-                   help="what serves the gRPC port: python (grpc.aio, the default) or native (native/edge.cc, built on "
-                        "first use: the protocol in C++, requests handed to Python in bursts); HTTP is Python's")
+    p.add_argument("--edge", choices=EDGES, default="auto",
+                   help="what serves the gRPC port: native (native/edge.cc, built on first use: the protocol and the "
+                        "calls to Triton in C++, requests handed to Python in bursts), python (grpc.aio), or auto "
+                        "(the default: native where it is built, else python; the log says which and why); HTTP is "
+                        "Python's on both")
     p.add_argument("--admin-token", help="enable the admin endpoints with this bearer token "
                    "(or set ACCSCALE_ADMIN_TOKEN)")
     limits = p.add_argument_group("limits on what one client may send (the config keys of the same names)")
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve(config: sidecar_config.SidecarConfig, edge: str = "python") -> None:
+async def serve(config: sidecar_config.SidecarConfig, edge: str = "auto") -> None:
     """Run the sidecar until SIGINT or SIGTERM."""
     import grpc  # lazy: grpc
 
@@ -99,6 +101,12 @@ async def serve(config: sidecar_config.SidecarConfig, edge: str = "python") -> N
     # (grpc/grpc#38679, fixed in 1.75). One reference of our own for the process's life keeps that
     # teardown from running.
     grpc.aio.init_grpc_aio()
+    if edge == "auto":
+        from scheduler_sidecar.native import built_edge  # lazy: loads the native edge
+
+        module, why = built_edge()
+        edge = "python" if module is None else "native"
+        log.info("the %s edge serves gRPC by default: %s", edge, why)
     if edge == "native":
         from scheduler_sidecar.server import native_frontend  # lazy: builds or loads the native edge
 

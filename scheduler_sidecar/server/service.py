@@ -21,8 +21,15 @@ from scheduler_sidecar.core.engine import TypeLimits
 from scheduler_sidecar.core.plan import Planner, Scope
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.errors import ConfigError, InvalidRequest, PermissionDenied, UnknownModel, WorkerError
-from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions
+from scheduler_sidecar.errors import (
+    ConfigError,
+    InvalidRequest,
+    PermissionDenied,
+    RequestError,
+    UnknownModel,
+    WorkerError,
+)
+from scheduler_sidecar.live.driver import CONTROL_INPUT, Answer, LiveDriver, LiveModel, ModelOptions, Request
 from scheduler_sidecar.live.membership import Membership
 from scheduler_sidecar.live.pool import WorkerPool
 from scheduler_sidecar.live.tensors import TensorSpec
@@ -281,6 +288,20 @@ class Sidecar:
         answers = await self.models[model.name].infer_rows(request.rows(model), request.slo_us, budget_us,
                                                            self.loop_lag.us if waited_us is None else waited_us)
         return Answer.join(answers)
+
+    def submit(self, request: InferRequest, model: ModelInfo, budget_us: int | None, waited_us: int,
+               done: Callable[[Answer | None, RequestError | None], None]) -> Request:
+        """:meth:`infer` without a coroutine: ``done`` gets the answer or the error (see ``LiveDriver.submit``); the
+        returned request is what :meth:`withdraw` takes if the client leaves."""
+        live = self.models[model.name]
+        assert live.driver is not None
+        return live.driver.submit(live, request.rows(model), request.slo_us, budget_us, waited_us,
+                                  lambda answers, error: done(None if answers is None else Answer.join(answers),
+                                                              error))
+
+    def withdraw(self, request: Request) -> None:
+        """The client of a submitted request left."""
+        self.models[request.model].driver.withdraw(request)
 
     def ready(self) -> bool:
         return all(self.model_ready(name) for name in self.models)
