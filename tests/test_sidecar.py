@@ -497,3 +497,19 @@ def test_ramsis_serves_separate_triton_models_live(fast_build, triton, images, t
             with grpcclient.InferenceServerClient(triton.grpc_url) as direct_client:
                 expected = direct_client.infer(model, [grpc_input(x[None])]).as_numpy("LOGITS")
             np.testing.assert_allclose(result.as_numpy("LOGITS"), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_native_edge_that_cannot_load_says_what_it_needs(tmp_path, monkeypatch):
+    """A built edge whose libraries are missing (here: a file that is no shared object) is NativeUnavailable, naming
+    the packages, not a bare ImportError; and the default edge falls back to Python on it."""
+    import sysconfig
+
+    from scheduler_sidecar.native import NativeUnavailable, built_edge, edge
+
+    (tmp_path / f"_edge{sysconfig.get_config_var('EXT_SUFFIX')}").write_bytes(b"not a shared object")
+    (tmp_path / "CMakeCache.txt").write_text("")  # configured: the build is a no-op only where the tools are absent
+    monkeypatch.setenv("PATH", "/nonexistent")  # no cmake: the file above is what there is
+    with pytest.raises(NativeUnavailable, match="cannot be loaded.*libgrpc"):
+        edge(tmp_path)
+    module, why = built_edge(tmp_path)
+    assert module is None and "cannot be loaded" in why

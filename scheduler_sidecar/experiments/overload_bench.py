@@ -102,6 +102,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     common.add_argument("--capacity-s", type=float, default=3.0, help="capacity run at each concurrency (default 3)")
     common.add_argument("--capacity-qps", type=float, help="use this capacity (requests met/s) instead of the "
                         "measured one, e.g. to offer two builds the same load")
+    common.add_argument("--edge", choices=("auto", "python", "native"), default="auto",
+                        help="the sidecar's gRPC edge (accscale serve --edge; default auto)")
     common.add_argument("--json", action="store_true", help="print one JSON object")
     o = kinds.add_parser("overload", parents=[common], help="3x capacity for 30 s, then recovery: nothing lost, "
                          "no worker falsely down, memory bounded", description=__doc__,
@@ -429,7 +431,7 @@ def deployment(args: argparse.Namespace, progress):
                 measure_profile(tritons[0].grpc_url, profile, repeats=PROFILE_REPEATS, model=MODEL)
 
         with deploy(repository, models, [Device()] * args.workers, profile=profile, before_sidecar=profiled,
-                    sidecar_args=["--model-name", name]) as d:
+                    sidecar_args=["--model-name", name, "--edge", getattr(args, "edge", "auto")]) as d:
             yield d.sidecar, name, d.tritons
 
 

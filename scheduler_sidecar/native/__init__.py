@@ -40,8 +40,12 @@ def edge(build: Path = BUILD) -> ModuleType:
     packaged = Path(__file__).with_name(name)
     path = packaged if packaged.exists() and not SOURCE.exists() else _built("_edge", build / name, build)
     spec = importlib.util.spec_from_file_location("_edge", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = importlib.util.module_from_spec(spec)  # the library is loaded here
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # a run-time library is missing (gRPC's or protobuf's, as Debian installs them)
+        raise NativeUnavailable(f"the native edge at {path} cannot be loaded ({exc}): it needs the run-time "
+                                f"libraries of {NEEDS}") from exc
     return module
 
 
@@ -54,7 +58,7 @@ def built_edge(build: Path = BUILD) -> tuple[ModuleType | None, str]:
         return None, f"the native edge is not built ({'make native builds it' if SOURCE.exists() else NEEDS})"
     try:
         return edge(build), "the native edge is built"
-    except (NativeUnavailable, ImportError) as exc:
+    except NativeUnavailable as exc:
         return None, f"the native edge cannot be loaded: {exc}"
 
 

@@ -14,6 +14,8 @@ import numpy as np
 
 from python_backend.cascade import ANSWER, confidence, route
 
+MAX_MODELS = int(np.iinfo(np.int8).max)  # the walk keeps each sample's model in an int8
+
 
 @dataclass(frozen=True)
 class Predictions:
@@ -119,6 +121,8 @@ def _steps(preds: Predictions, t: np.ndarray, skip: bool) -> Iterator[tuple[int,
     n, samples = preds.conf.shape
     if t.shape[1] != n - 1:
         raise ValueError(f"a cascade of {n} models takes {n - 1} thresholds, got {t.shape[1]}")
+    if n > MAX_MODELS:
+        raise ValueError(f"a cascade of {n} models: at most {MAX_MODELS} (a sample's model is an int8 here)")
     # int8 and in-place updates: the walk is memory-bound over K x N, and a cascade has far fewer than 127 models
     at = np.zeros((len(t), samples), dtype=np.int8)  # the model each sample is at (ANSWER once answered)
     for i in range(n):
