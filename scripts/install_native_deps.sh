@@ -3,7 +3,7 @@
 # Installed with apt where it is present and this runs as root; otherwise a message says what to install, and the
 # sidecar keeps its Python paths (nothing fails here: the native build is optional until it is asked for).
 set -euo pipefail
-packages="cmake g++ pkg-config libgrpc++-dev protobuf-compiler-grpc"
+packages="cmake g++ pkg-config libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc"
 if pkg-config --exists grpc++ protobuf 2>/dev/null && command -v grpc_cpp_plugin cmake g++ >/dev/null 2>&1; then
     exit 0
 fi

@@ -200,3 +200,30 @@ def test_a_waiting_worker_keeps_the_profiles_tail_as_its_guard():
     assert wakeup(0.0) == 100_000 - p50_of_two
     assert wakeup(3.0) == 100_000 - p50_of_two - 3_000
     assert wakeup(3.0, guard_us=1_000) == 100_000 - p50_of_two - 4_000
+
+
+def first_ask_us(window: str, shift_us: int) -> int:
+    """When the planner first asks for a burst plan: 10 queries/s planned, then 40/s from 3 s, every arrival
+    ``shift_us`` later."""
+    setup, _ = small_setup(burst_window=window)
+    planner = ProteusPlanner(setup.profiles, [(0, "cpu"), (1, "pascal")], {f: 300.0 for f in setup.profiles},
+                             setup.config, initial_demand={"mobilenet": 10.0})
+    planner.plan(0, None)
+    for second in range(8):
+        rate = 10 if second < 3 else 40
+        for i in range(rate):
+            now = shift_us + second * 1_000_000 + i * 1_000_000 // rate
+            if planner.observe_arrival(now, Query(0, 0, 0, 0, "mobilenet")):
+                return now - shift_us
+    raise AssertionError("no burst plan asked for")
+
+
+def test_the_sliding_burst_rule_moves_a_plan_by_the_arrivals_jitter_not_by_a_second():
+    """The same arrivals a little later ask for their plan as much later (the default rule); counted in the clock's
+    whole seconds, where the seconds fall moved the ask by most of a second (the rule before, still a choice)."""
+    shifts = (0, 3_000, 250_000, 600_000, 997_000)
+    sliding = {first_ask_us("sliding", s) for s in shifts}
+    assert len(sliding) == 1  # relative to the arrivals, the same instant whatever the shift
+    assert 4_000_000 < sliding.pop() < 5_000_000  # two seconds into the burst at 4x the plan
+    whole = [first_ask_us("whole-seconds", s) for s in shifts]
+    assert max(whole) - min(whole) > 500_000

@@ -56,6 +56,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     f.add_argument("--burst-qps", type=float, default=250.0,
                    help="proteus: digits' rate in the middle third (default: 250)")
     f.add_argument("--period-s", type=float, default=10.0, help="proteus: the planner's period (default: 10)")
+    f.add_argument("--burst-window", choices=("sliding", "whole-seconds"), default="sliding",
+                   help="proteus: the planner's burst rule (default: sliding; whole-seconds, the rule before)")
     f.add_argument("--rate-qps", type=float, default=300.0, help="hybridserve: the trace's mean rate (default: 300)")
     f.add_argument("--mode", choices=MODES, default="ap", help="hybridserve: the planner's mode (default: ap)")
     f.add_argument("--no-prune", dest="prune", action="store_false",

@@ -16,11 +16,11 @@ batches) and the sidecar's turnaround between one batch's answer and the next ba
 gap before full batches that were already queued). Scored over every query: live from the sidecar's /metrics summed
 over the models, simulated from the SimResult; accuracy as superserve's. Not simulated: the sidecar's warm-up (a
 request per worker and model after the first plan, seconds before the replay, counted in the planner's demand) and
-the spread of the per-batch overhead (a constant in the simulation). The planner decides on a burst at a second's
-first arrival, from whole-second counts against a threshold and at most once per 2 s cooldown, so a count one query
-apart or a cooldown passed by a few ms (the sidecar takes a query in a few ms after it was sent) can move a plan by
-a second, and the two runs part from there: ``plans`` says how many of the simulated plans were asked for when the
-sidecar asked for one. The client's view adds the replay's send lag and gRPC both ways (``client_delay_ms``, p50 and
+the spread of the per-batch overhead (a constant in the simulation). The planner asks for a burst plan at the arrival
+that tips its sliding counts (the seconds back from each arrival; ``--burst-window whole-seconds``, the rule before,
+decides only at a second's first arrival, so a count one query apart or a cooldown passed by a few ms, since the
+sidecar takes a query a few ms after it was sent, could move a plan by a second and part the two runs from there):
+``plans`` says how many of the simulated plans were asked for when the sidecar asked for one. The client's view adds the replay's send lag and gRPC both ways (``client_delay_ms``, p50 and
 p99).
 """
 
@@ -76,7 +76,8 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     repository, paths = demo.families(args.build_dir)
     traces = {q: _demo_trace(q, args, tmp / f"trace-{q}.txt", seed) for seed, q in enumerate(paths)}
     replays = [Replay(q, traces[q], save_payloads(tmp / f"payloads-{q}.npz", *demo.samples(q))) for q in paths]
-    with demo.deployment(repository, paths, tmp, slo_ms=args.slo_ms, period_s=args.period_s) as d:
+    with demo.deployment(repository, paths, tmp, slo_ms=args.slo_ms, period_s=args.period_s,
+                         burst_window=getattr(args, "burst_window", "sliding")) as d:
         tritons, sidecar = d.tritons, d.sidecar
         progress(f"replaying {', '.join(paths)} through the sidecar, the Proteus planner and {len(tritons)} Tritons")
         client = replay(replays, sidecar.grpc_url, tmp / "run", slo_ms=args.slo_ms, progress_s=0 if args.json else 5.0)
@@ -97,6 +98,7 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
         "deployment": {"workers": dict(config.worker_devices),
                        "models": {q: [v.id for v in p.variants] for q, p in profiles.items()},
                        "slo_ms": args.slo_ms, "period_s": args.period_s,
+                       "burst_window": getattr(args, "burst_window", "sliding"),
                        "replay_after_first_plan_s": round(measured.replay_start_s - measured.plans[0][0], 3),
                        "plans": plans, "loads_live": measured.loads, "load_ms_simulated": measured.load_ms,
                        "service_overhead_ms": round(measured.service_overhead_ms, 2),

@@ -74,13 +74,13 @@ def families(build_dir: Path) -> tuple[Path, dict[str, Path]]:
     return folder / "repository", build(folder, {**KINDS, "cpu": 1.0}, build_dir)
 
 
-def deployment(repository: Path, paths: Mapping[str, Path], out: Path, *, slo_ms: float,
-               period_s: float) -> contextlib.AbstractContextManager[Deployment]:
+def deployment(repository: Path, paths: Mapping[str, Path], out: Path, *, slo_ms: float, period_s: float,
+               burst_window: str = "sliding") -> contextlib.AbstractContextManager[Deployment]:
     """A Triton server per device of DEVICES, each started with every variant, and the sidecar with a Proteus
     planner in front of them (its config written to ``out/sidecar.toml``), each query type a logical model."""
     models = [v.actuation.model for p in paths.values() for v in Profile.load(p).variants]
     return deploy(repository, models, [Device(KINDS[kind], kind) for kind in DEVICES],
-                  config=_config(paths, slo_ms, period_s), config_path=out / "sidecar.toml")
+                  config=_config(paths, slo_ms, period_s, burst_window), config_path=out / "sidecar.toml")
 
 
 def samples(query_type: str) -> tuple[np.ndarray, np.ndarray]:
@@ -95,11 +95,11 @@ def samples(query_type: str) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _config(paths: Mapping[str, Path], slo_ms: float, period_s: float) -> str:
+def _config(paths: Mapping[str, Path], slo_ms: float, period_s: float, burst_window: str = "sliding") -> str:
     models = "".join(f'[[models]]\nname = "{q}"\nprofile = "{p}"\npolicy = "proteus"\n'
                      f'default_slo_us = {round(slo_ms * 1000)}\nlatency_calibration = false\n'
                      for q, p in paths.items())
-    return f'[planner]\nkind = "proteus"\nperiod_s = {period_s}\n{models}'
+    return f'[planner]\nkind = "proteus"\nperiod_s = {period_s}\nburst_window = "{burst_window}"\n{models}'
 
 
 def rate_qps(query_type: str, t_s: float, duration_s: float, base_qps: float, burst_qps: float) -> float:

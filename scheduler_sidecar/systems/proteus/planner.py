@@ -3,9 +3,13 @@
 NOTE on the loop. Demand is an exponentially weighted mean over the last ``ewma_window_s``
 one-second arrival counts of each type (the artifact's pandas ``ewm(com=1.6)``; the paper leaves
 the estimator open). A plan is made every ``period_s`` (30 s, §6.1.5; the artifact's 10 s is a
-parameter) and, since the paper names no burst detector, whenever a type's count exceeded
-``burst_factor`` (1.2) x its planned rate in each of the last ``burst_s`` (2) whole seconds, at
-most once per ``cooldown_s`` (2 s). The MILP's (pool, variant) counts become workers: a worker
+parameter) and, since the paper names no burst detector, whenever a type's arrivals exceeded
+``burst_factor`` (1.2) x its planned rate in each of the last ``burst_s`` (2) seconds, at most
+once per ``cooldown_s`` (2 s). Decision (``burst_window``): "sliding", the default, counts those
+seconds back from each arrival and asks at the arrival that tips them, so a few ms of jitter in
+the arrivals move a plan by a few ms; "whole-seconds", the rule before it, counts clock seconds
+and asks only as one closes, where the same jitter can move a plan by a whole second (live
+against simulated, bench fidelity proteus). The MILP's (pool, variant) counts become workers: a worker
 already hosting a variant the plan keeps stays as it is, so a plan moves as few workers as it
 can; a worker the plan leaves idle keeps its variant (and gets no traffic). Each replica of
 (pool, variant) gets an equal share of that pair's planned rate; a type's router splits its
@@ -26,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
+from bisect import bisect_right
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +47,7 @@ from scheduler_sidecar.systems.proteus.routing import Route, Routing
 log = logging.getLogger(__name__)
 
 NEVER_US = 1 << 62
+BURST_WINDOWS = ("sliding", "whole-seconds")
 
 
 @dataclass(frozen=True)
@@ -50,8 +56,9 @@ class ProteusConfig:
     ewma_com: float = 1.6  # the artifact's centre of mass over one-second counts
     ewma_window_s: int = 20  # the artifact's window of counts
     burst_factor: float = 1.2  # decision: a type above this x its planned rate ...
-    burst_s: int = 2  # ... in each of this many whole seconds asks for a plan
+    burst_s: int = 2  # ... in each of this many seconds asks for a plan
     cooldown_s: float = 2.0  # ... unless a plan was made this recently
+    burst_window: str = "sliding"  # decision: seconds counted back from each arrival, or "whole-seconds" of the clock
     # decision: a type is planned for at least this rate, so one that went quiet keeps a replica and its next
     # query is served (the paper's plans only ever see positive demand)
     min_demand_qps: float = 1.0
@@ -73,6 +80,8 @@ class ProteusConfig:
         for key in ("ewma_window_s", "burst_s"):
             if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
                 raise ValueError(f"proteus: {key} must be a whole number >= 1, got {getattr(self, key)!r}")
+        if self.burst_window not in BURST_WINDOWS:
+            raise ValueError(f"proteus: burst_window must be one of {BURST_WINDOWS}, got {self.burst_window!r}")
         if not 0 < self.overload_step < 1 or not 0 <= self.overload_floor <= 1:
             raise ValueError(f"proteus: overload_step must be in (0, 1) and overload_floor in [0, 1], got "
                              f"{self.overload_step!r} and {self.overload_floor!r}")
@@ -119,6 +128,9 @@ class ProteusPlanner(Planner):
         self._type = {v.id: q for q, p in self.types.items() for v in p.variants}  # variant -> its query type
         self._unservable: set[str] = set()
         self._counts = SecondCounts(config.ewma_window_s)
+        # the sliding burst rule: each type's arrival times within the last burst_s seconds, and the first arrival
+        self._recent: dict[str, deque[int]] = {q: deque() for q in self.types}
+        self._first_us: int | None = None
         # live, plan() runs in a thread while arrivals are counted on the event loop
         self._lock = threading.Lock()
         self._planned: dict[str, float] = {}
@@ -148,16 +160,42 @@ class ProteusPlanner(Planner):
     def observe_arrival(self, now_us: int, query: Query) -> bool:
         closed = self.count(now_us, query)
         with self._lock:
-            if self.static or not closed or self._last_plan_us is None:
+            if self.static or self._last_plan_us is None:
                 return False
+            if self.config.burst_window == "sliding":
+                self._first_us = now_us if self._first_us is None else self._first_us
+                self._recent[query.type].append(now_us)
+            if self.config.burst_window == "whole-seconds":
+                if not closed or now_us - self._last_plan_us < self.config.cooldown_s * 1e6:
+                    return False
+                return any(self._bursting(q) for q in self.types)
             if now_us - self._last_plan_us < self.config.cooldown_s * 1e6:
                 return False
-            return any(self._bursting(q) for q in self.types)
+            if now_us - self._first_us < self.config.burst_s * 1_000_000:  # not yet burst_s seconds counted
+                return False
+            return any(self._bursting_since(q, now_us) for q in self.types)
 
     def _bursting(self, q: str) -> bool:
+        """The whole-seconds rule: each of the last ``burst_s`` closed clock seconds counted over the limit."""
         recent = list(self._counts.history.get(q, ()))[-self.config.burst_s:]
         limit = self.config.burst_factor * self._planned.get(q, 0.0)
         return len(recent) == self.config.burst_s and all(c > limit for c in recent)
+
+    def _bursting_since(self, q: str, now_us: int) -> bool:
+        """The sliding rule: each of the ``burst_s`` seconds before ``now_us``, (now - k - 1 s, now - k s], counted
+        over the limit."""
+        times = self._recent[q]
+        horizon = now_us - self.config.burst_s * 1_000_000
+        while times and times[0] <= horizon:
+            times.popleft()
+        limit = self.config.burst_factor * self._planned.get(q, 0.0)
+        if len(times) <= limit * self.config.burst_s:  # too few in all for every second to be over it
+            return False
+        for k in range(self.config.burst_s):
+            high = bisect_right(times, now_us - k * 1_000_000)
+            if high - bisect_right(times, now_us - (k + 1) * 1_000_000, 0, high) <= limit:
+                return False
+        return True
 
     def demand(self, now_us: int) -> dict[str, float]:
         """The EWMA of each type's one-second counts (``initial_demand`` before the first whole second)."""
