@@ -32,8 +32,11 @@ CLAIMS = {
     # no plan change in 10 s: the ablations that act through plans (MS, MP) cannot show; w/o AB violates most
     **{f"fig7.{load}.{claim}": False for load in ("trace", "x1.6")
        for claim in ("wo_ms_most_violations", "wo_mp_largest_drop")},
-    # Fig. 8 at SLO multiples 1 and 3 (Sommelier ties Proteus in 10 s)
+    # Fig. 8 at SLO multiples 1 and 3 (Sommelier ties Proteus in 10 s at x1). At x3, since Proteus' burst rule counts
+    # the seconds back from each arrival (issue 46), its burst plan comes at another instant and Sommelier, which
+    # keeps every worker on its type, violates 0.57% against Proteus' 0.64% in these 10 s (a tie before)
     **{f"fig8.x{k}.{claim}": True for k in (1, 3) for claim in ("fewest_violations", "smallest_drop")},
+    "fig8.x3.fewest_violations": False,
     "fig8.proteus_steady_throughput": True,
     # the bursty trace's first burst starts at 47 s: in 10 s every scaling system meets every query with the same
     # plans, so these hold by a tie (the burst claim, fig5.violations_fall_after_replanning, needs a burst)
