@@ -63,7 +63,7 @@ gpu-bundle: $(STAMP)
 gpu-check:
 	python3 scripts/gpu_check.py run --bundle $(GPU_BUNDLE) --out gpu-check/result.json
 
-# the deployment images (deploy/Dockerfile) on a Debian base made from packages; BASE=python:3.11-slim (or NVIDIA's
+# the deployment images (deploy/Dockerfile) on a Debian base made from packages; BASE=python:3.11-slim-bookworm (or NVIDIA's
 # Triton image) where a registry is reachable
 BASE  ?= accscale-base:bookworm
 IMAGE ?= accscale

@@ -615,3 +615,44 @@ def test_a_request_whose_row_fails_fails_and_its_other_rows_are_withdrawn(fake):
         assert driver.engine.queued("m") == 0 and driver.num_pending == 0
 
     asyncio.run(main())
+
+
+def test_a_batch_whose_call_cannot_start_fails_alone_and_the_engine_serves_on():
+    """A worker's ``send`` that raises (a call the native client cannot build) ends its batch as a failed one, after
+    the engine's event has returned: its request gets an explicit error, the next is served, and settle returns."""
+    class Refusing(SendingFakeWorker):
+        refusals = 1
+
+        def send(self, call, timeout_s, done):
+            if self.refusals:
+                self.refusals -= 1
+                raise TypeError("a row that is not bytes")
+            super().send(call, timeout_s, done)
+
+    async def main():
+        w = Refusing("a", compute=compute)
+        driver, (model,) = make_driver(w)
+        with pytest.raises(WorkerFailed, match="TypeError: a row that is not bytes"):
+            await model.infer(row(1, 1), 1_000_000)
+        assert logits(await model.infer(row(2, 2), 1_000_000))[0] == 4
+        await driver.settle()
+        assert driver.num_pending == 0 and driver._sent == 0 and len(w.calls) == 1
+
+    asyncio.run(main())
+
+
+def test_settle_waits_for_batches_sent_through_callbacks():
+    async def main():
+        w = worker(fake=SendingFakeWorker)
+        driver, (model,) = make_driver(w)
+        request = asyncio.ensure_future(model.infer(row(1, 1), 1_000_000))
+        await settle()
+        assert driver._sent == 1
+        waiting = [asyncio.ensure_future(driver.settle()) for _ in range(2)]  # two callers wait on one future
+        await settle()
+        assert not any(t.done() for t in waiting)
+        w.gate.set()
+        await asyncio.gather(*waiting)
+        assert driver._sent == 0 and request.done()
+
+    asyncio.run(main())

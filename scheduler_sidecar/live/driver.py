@@ -197,7 +197,10 @@ class Request:
 
     def end(self, answers: list[Answer] | None, error: RequestError | None) -> None:
         self.ended = True
-        self.done(answers, error)
+        try:
+            self.done(answers, error)
+        except Exception:  # a bug in the caller's callback: it is the caller's, never the engine's event's
+            log.exception("answering a request failed")
 
 
 @dataclass
@@ -446,24 +449,29 @@ class LiveDriver:
     def run_batch(self, batch: Batch) -> None:
         """Send the batch to its worker: through the worker's ``send`` where it has one (its answer comes back in a
         callback, with no coroutine per batch), else in a task that awaits ``infer``."""
+        # called from inside the engine's event: whatever ends the batch at once waits for the event to return (a task)
         rows = [self._pending.get(q.id) for q in batch.queries]
         live = [p for p in rows if p is not None]
         if not live:  # every client left before its batch started
-            self._guard(self.engine.batch_done, batch, BatchResult())
+            self._spawn(self._later(self._guard, self.engine.batch_done, batch, BatchResult()))
             return
         model = live[0].model
         run = _Run(batch, self.membership.worker(batch.worker_id), model, model.variants[batch.variant_id], live,
                    self.clock(), max(q.deadline_us for q in batch.queries))
-        call = model.call(run.variant, [p.inputs for p in live], batch.dispatch.params)
-        send = getattr(run.worker, "send", None)
-        if send is None:
-            self._spawn(self._run(run, call))
+        try:
+            call = model.call(run.variant, [p.inputs for p in live], batch.dispatch.params)
+            send = getattr(run.worker, "send", None)
+            if send is None:
+                self._spawn(self._run(run, call))
+                return
+            send(call, self._timeout_s(run.last_deadline_us), lambda result: self._sent_back(run, result))
+        except Exception as exc:  # the call could not be made or started: the batch ends as a failed one
+            self._spawn(self._later(self._ran, run, exc))
             return
         self._sent += 1
-        try:
-            send(call, self._timeout_s(run.last_deadline_us), lambda result: self._sent_back(run, result))
-        except Exception as exc:  # the call could not start: the batch ends now, as a failed one
-            self._sent_back(run, exc)
+
+    async def _later(self, fn, *args) -> None:
+        fn(*args)
 
     def _timeout_s(self, last_deadline_us: int) -> float:
         return max(0.0, (last_deadline_us - self.clock()) / 1e6) + RPC_GRACE_S
@@ -483,7 +491,7 @@ class LiveDriver:
 
     def _ran(self, run: _Run, result: list[dict[str, bytes]] | BaseException) -> None:
         """A batch's worker answered: a failure of several rows for a reason other than time is retried in halves
-        (:meth:`_infer`); anything else ends the batch."""
+        (:meth:`_halves`); anything else ends the batch."""
         if isinstance(result, WorkerFailed) and len(run.live) > 1 and result.code is not Code.DEADLINE_EXCEEDED:
             log.warning("a batch of %d on %s failed (%s); retrying it in halves", len(run.live), run.worker.url,
                         result)
@@ -692,8 +700,9 @@ class LiveDriver:
         """Wait until every batch, load and plan started so far has been handed back to the engine."""
         while self._tasks or self._sent:
             if self._sent:
-                self._settled = asyncio.get_running_loop().create_future()
-                await self._settled
+                if self._settled is None or self._settled.done():  # one future for every caller waiting
+                    self._settled = asyncio.get_running_loop().create_future()
+                await asyncio.shield(self._settled)
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     @property

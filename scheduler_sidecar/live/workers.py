@@ -349,11 +349,11 @@ class SendingFakeWorker(FakeWorker):
     delays)."""
 
     def send(self, call: InferCall, timeout_s: float,
-             done: Callable[[list[dict[str, bytes]] | WorkerError], None]) -> None:
+             done: Callable[[list[dict[str, bytes]] | Exception], None]) -> None:
         async def run() -> None:
             try:
                 result = await self.infer(call, timeout_s)
-            except WorkerError as exc:
+            except Exception as exc:  # a worker's error, or a bug in compute: either way the batch's answer
                 result = exc
             done(result)
 

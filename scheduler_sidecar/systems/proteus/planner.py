@@ -164,7 +164,10 @@ class ProteusPlanner(Planner):
                 return False
             if self.config.burst_window == "sliding":
                 self._first_us = now_us if self._first_us is None else self._first_us
-                self._recent[query.type].append(now_us)
+                times = self._recent[query.type]
+                times.append(now_us)
+                while times[0] <= now_us - self.config.burst_s * 1_000_000:  # kept for the rule's seconds only
+                    times.popleft()
             if self.config.burst_window == "whole-seconds":
                 if not closed or now_us - self._last_plan_us < self.config.cooldown_s * 1e6:
                     return False
