@@ -75,7 +75,7 @@ image:
 # the GPU Triton image: NVIDIA's Triton with the python-backend models' code and torch (needs nvcr.io reachable)
 GPU_BASE ?= nvcr.io/nvidia/tritonserver:24.10-py3
 image-gpu:
-	docker build --network host -f deploy/Dockerfile --build-arg BASE=$(GPU_BASE) --target triton-gpu \
+	docker build --network host -f deploy/Dockerfile --build-arg BASE=$(GPU_BASE) --build-arg EDGE=optional --target triton-gpu \
 	  -t $(IMAGE)-triton-gpu .
 
 # the compose stack end to end (tests/test_deploy.py): builds the images, starts two Tritons and the sidecar, runs
