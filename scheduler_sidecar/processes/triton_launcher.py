@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
+import http.client
 import importlib.metadata
 import importlib.util
 import logging
@@ -396,6 +397,8 @@ def http_ready(http_url: str) -> bool:
         exc.close()
         return False
     except OSError:  # not listening yet
+        return False
+    except http.client.HTTPException:  # something that is not an HTTP server answers there: not this Triton
         return False
 
 

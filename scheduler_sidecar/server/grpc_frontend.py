@@ -211,8 +211,9 @@ def server_options(limits: Limits) -> list[tuple[str, int]]:
     return [("grpc.max_receive_message_length", limits.max_request_bytes), ("grpc.max_send_message_length", -1)]
 
 
-async def start(sidecar: Sidecar, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Start the gRPC server; returns it and the port it bound (``port`` 0 picks a free one)."""
+async def start(sidecar: Sidecar, host: str, port: int, address: str | None = None) -> tuple[grpc.aio.Server, int]:
+    """Start the gRPC server; returns it and the port it bound (``port`` 0 picks a free one). ``address``, where
+    given, is bound instead of ``host:port`` (``unix:PATH``: a socket no other process's port can collide with)."""
     server = grpc.aio.server(options=server_options(sidecar.limits))
     servicer = Servicer(sidecar)
     # the two inference methods first, with a parser that marks a body it cannot read instead of failing the call
@@ -224,7 +225,7 @@ async def start(sidecar: Sidecar, host: str, port: int) -> tuple[grpc.aio.Server
             servicer.ModelStreamInfer, request_deserializer=_lenient,
             response_serializer=pb.ModelStreamInferResponse.SerializeToString)}),))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = server.add_insecure_port(address or f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind gRPC port {host}:{port}")
     await server.start()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import Callable
 
 from tritonclient.grpc import service_pb2 as pb
@@ -47,12 +48,15 @@ class NativeFrontend:
 
     async def start(self, host: str, port: int) -> int:
         module = native_edge()
-        self._python, python_port = await grpc_frontend.start(self.sidecar, "127.0.0.1", 0)
-        self.edge = module.Edge(f"{host}:{port}", f"127.0.0.1:{python_port}", self.sidecar.limits.max_request_bytes,
-                                MODEL_VERSION)
+        # the Python front end behind the edge listens on a Unix socket: a loopback port taken with port 0 could be
+        # one another process was just handed as free (a Triton starting beside the sidecar saw this one answer it)
+        self._socket_dir = tempfile.TemporaryDirectory(prefix="accscale-edge-")
+        behind = f"unix:{self._socket_dir.name}/python.sock"
+        self._python, _ = await grpc_frontend.start(self.sidecar, "127.0.0.1", 0, address=behind)
+        self.edge = module.Edge(f"{host}:{port}", behind, self.sidecar.limits.max_request_bytes, MODEL_VERSION)
         asyncio.get_running_loop().add_reader(self.edge.fd, self._take)
-        log.info("gRPC on the native edge at %s:%d (other methods through the Python front end at 127.0.0.1:%d)",
-                 host, self.edge.port, python_port)
+        log.info("gRPC on the native edge at %s:%d (other methods through the Python front end at %s)",
+                 host, self.edge.port, behind)
         return self.edge.port
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -62,6 +66,7 @@ class NativeFrontend:
             self.sidecar.withdraw(request)
         self._serving.clear()
         await self._python.stop(grace=grace)
+        self._socket_dir.cleanup()
 
     def _take(self) -> None:
         """What the edge has queued, in one call: requests to serve and requests whose client left. Each request is
