@@ -243,6 +243,8 @@ def test_faults_in_any_order_lose_no_request(name, ramsis_dir):
     @example([("arrive", 5), ("cancel", 0), ("lost", 1), ("complete", 0)])
     # issue 43's rolling update: a worker leaves while serving, a new one joins, the other keeps serving
     @example([("arrive", 3), ("roll", 0), ("arrive", 3), ("roll", 0), ("complete", 0), ("complete", 1)])
+    # the plan's only worker of Loki's task down and the other back: the queries it held wait for no period
+    @example([("arrive", 0)] * 11 + [("lost", 1), ("plan", 0)])
     def run(events):
         h = Harness(make, plans)
         for kind, k in events:
