@@ -95,9 +95,19 @@ def register(demos: argparse._SubParsersAction) -> None:
                    help="the replay's mean rate (default: 400, above the largest model's capacity alone)")
     p.add_argument("--duration-s", type=float, default=20.0, help="the replay's length per mode (default: 20)")
     p.add_argument("--slo-ms", type=float, default=4000.0, help="every request's SLO in the replay (default: 4000)")
+    p.add_argument("--modes", type=_modes, default=("ap", "eo"),
+                   help="the cascades run beside the largest model alone, each on the whole family and pruned: "
+                        "'ap', 'eo' or 'ap,eo' (default: ap,eo)")
     p.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD_DIR, help="where builds are cached (default: build)")
     p.add_argument("--out", type=Path, help="where the results go (default: runs/hybridserve-demo-<time>)")
     p.set_defaults(func=run)
+
+
+def _modes(value: str) -> tuple[str, ...]:
+    modes = tuple(dict.fromkeys(m.strip() for m in value.split(",") if m.strip()))
+    if not modes or not set(modes) <= {"ap", "eo"}:
+        raise argparse.ArgumentTypeError(f"--modes takes 'ap', 'eo' or 'ap,eo', got {value!r}")
+    return modes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,9 +120,9 @@ def run(args: argparse.Namespace) -> int:
     args.slowdown = args.slowdown or default_slowdown(family)
     period_s = args.slowdown * family.models[-1].latency.p50_at(ROWS) / 1000
     config = HybridServeConfig(args.instances, args.replicas, args.slowdown)
-    deployed = planners(family, config)
+    deployed = planners(family, config, args.modes)
     args.clients = args.clients or args.bls_instances
-    repo = write_bls(family, deployed["ap-pruned"].bls_plan, args.bls_instances)
+    repo = write_bls(family, deployed[f"{args.modes[0]}-pruned"].bls_plan, args.bls_instances)
     images, labels = family.images("test")
     # the GPUs' counters wherever there are GPUs: an emulated device's sleep is read as the idle power it is
     meter = nvml_meter()
@@ -120,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print("no GPU with an NVML energy counter here: energy is the CPU power model over compute worker-seconds")
     modes, replays = [], []
     with TritonServer(repository=repo, models=[*family.names, BLS], emulate_slowdown=args.slowdown) as triton:
-        for name, mode, prune in DEPLOYMENTS:
+        for name, mode, prune in _deployments(args.modes):
             planner = deployed[name]
             point, plan = planner.point, planner.plan(0, Demand(0, 0, {}))
             _set_instances(triton.grpc_url, plan.instances)
@@ -147,14 +157,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def planners(family, config) -> dict:
-    """Each of DEPLOYMENTS' planners, Algorithm 1 run once for all of them (the sidecar's, from the same family and
-    search settings, finds the same cascades)."""
+def _deployments(modes: tuple[str, ...]) -> list[tuple[str, str, bool]]:
+    """DEPLOYMENTS' entries for the largest model alone and ``modes``."""
+    return [d for d in DEPLOYMENTS if d[1] == "largest" or d[1] in modes]
+
+
+def planners(family, config, modes: tuple[str, ...] = ("ap", "eo")) -> dict:
+    """The planners of the largest alone and each of ``modes``, whole and pruned, Algorithm 1 run once for all of
+    them (the sidecar's, from the same family and search settings, finds the same cascades)."""
     search_split = family.predictions("search")
     result = search(search_split, family.costs)
     whole = operating_points(family, result=result)
     built = {}
-    for name, mode, pruned in DEPLOYMENTS:
+    for name, mode, pruned in _deployments(modes):
         point = (pruned_point(family, prune(search_split, family.costs, mode, searched=result), mode) if pruned
                  else whole[mode])
         # the largest alone is served by its own Triton model, not through the BLS
@@ -362,6 +377,8 @@ def _pruning_rows(modes: list[dict]) -> list[dict]:
     by = {m["mode"]: m for m in modes}
     rows = []
     for mode in ("ap", "eo"):
+        if mode not in by:
+            continue
         whole, pruned = by[mode], by[f"{mode}-pruned"]
         rows.append({"mode": mode, **{k: f"{whole[k]} -> {pruned[k]}" for k in (
             "models", "skip", "instances", "alg1_cost_us", "batched_cost_us", "busy_ms_per_request", "worker_ms_per_request",
