@@ -86,6 +86,23 @@ def native_edge():
     return edge()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_in_pytests_tree(tmp_path_factory: pytest.TempPathFactory):
+    """What the suite's servers write to temporary files (a Triton's log, kept after it stops, as it explains a
+    crash) goes under pytest's own temporary tree, which keeps its last three runs, not into /tmp for good."""
+    import tempfile  # this fixture's only
+
+    folder = tmp_path_factory.mktemp("tmp")
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
+    yield
+    tempfile.tempdir = before[1]
+    if before[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before[0]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first: spread over pytest-xdist's workers, the long ones start early instead of ending the run on
     one worker while the others idle."""

@@ -147,6 +147,19 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
     return Run(system.name, result, np.array([index[n] for n in names], dtype=np.int64), families, planner.plans)
 
 
+def capacity_qps(setup: Setup, mix: Mapping[str, float], variants: str = "all") -> float:
+    """The most the cluster serves of ``mix`` (type -> share) within the SLOs: the MILP's plan for far more than it
+    can, on every variant ("all") or on each type's most accurate SLO-feasible one only ("ha")."""
+    kinds = [k for k, n in setup.cluster.items() for _ in range(n)]
+    profiles = {f: setup.profiles[f] for f in mix}
+    allowed = {f: frozenset({most_accurate_feasible(p, setup.slo_of(f), sorted(setup.cluster), setup.config.capacity)})
+               for f, p in profiles.items()} if variants == "ha" else None
+    planner = ProteusPlanner(profiles, list(enumerate(kinds)), {f: setup.slo_of(f) for f in profiles}, setup.config,
+                             initial_demand={f: STATIC_DEMAND_QPS * share for f, share in mix.items()},
+                             allowed=allowed, static=True)
+    return float(sum(planner.plan(0, None).detail.solution.served.values()))
+
+
 def metrics(result: SimResult, window_s: int = METRIC_WINDOW_S) -> dict[str, float]:
     """§6.1.4 as the artifact computes it: violations = (arrived - met) / arrived (drops, late answers and
     refusals all count); accuracy over met queries; the maximum drop is 100 minus the lowest effective
