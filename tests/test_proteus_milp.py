@@ -146,6 +146,21 @@ def test_overload_lowers_the_demand_by_steps_until_feasible():
     assert sum(solution.demand.values()) == pytest.approx(6000.0 * solution.scale)
 
 
+def test_max_min_overload_lowers_only_the_types_that_cannot_be_served():
+    """Sommelier's case: a type held to one worker of its own cannot be served in full. The uniform rule lowers every
+    type to its share; max-min serves the others in full, on their less accurate variants where they must."""
+    options = (milp.Option("big", "big-hi", "k", 0.95, 10.0, 1), milp.Option("big", "big-lo", "k", 0.7, 40.0, 4),
+               milp.Option("small", "small-hi", "k", 0.9, 10.0, 1))
+    pools = (milp.Pool("k", 2, frozenset({"big"})), milp.Pool("k", 1, frozenset({"small"})))
+    problem = milp.Problem(pools, options, {"big": 40.0, "small": 20.0})  # small: 10 of 20 q/s at most
+    uniform, fair = milp.plan(problem), milp.plan(problem, overload="max-min")
+    assert uniform.demand["small"] == pytest.approx(10.0) and uniform.demand["big"] == pytest.approx(20.0)
+    assert milp.max_min_shares(problem) == pytest.approx({"small": 0.5, "big": 1.0}, abs=1e-3)
+    assert fair.demand["small"] == pytest.approx(10.0, rel=1e-5) and fair.demand["big"] == pytest.approx(40.0, rel=1e-5)
+    # serving all of big takes its less accurate variant: what the uniform rule never has to do
+    assert any(v == "big-lo" for _, v in fair.replicas) and not any(v == "big-lo" for _, v in uniform.replicas)
+
+
 def test_capacity_rule_paper_and_artifact():
     """P = b*/latency(b*), b* the largest batch in {1,2,4,8} within SLO/2; the artifact compares strictly and floors."""
     curve = load_profiles()["resnet"].variant("resnet50_v1").latency["pascal"]

@@ -67,6 +67,7 @@ from scheduler_sidecar.experiments.proteus.systems import (
     simulate_queries,
 )
 from scheduler_sidecar.sim.results import OUTCOME_CODES, markdown_table, write_rows
+from scheduler_sidecar.systems.proteus.milp import OVERLOAD_RULES
 from scheduler_sidecar.systems.proteus.planner import ProteusConfig
 
 GAMMA_SHAPE = 0.05  # §6.4
@@ -95,6 +96,9 @@ def register(papers: argparse._SubParsersAction) -> None:
     p.add_argument("--overloaded", type=float, default=None,
                    help="the third load, 'overloaded': counts x this (default: the factor at which the trace's 10 s "
                         "peak reaches the cluster's capacity on any variants)")
+    p.add_argument("--overload-rule", choices=OVERLOAD_RULES, default="uniform",
+                   help="how the MILP lowers a demand it cannot serve: every type's by one factor (uniform, the default) "
+                        "or each type's only as far as it must (max-min); the paper does not say which")
     p.add_argument("--seconds", type=int, default=None, help="only the trace's first N seconds (default: all)")
     p.add_argument("--fig6-qps", type=float, default=1000.0, help="Fig. 6's constant load (default: 1000)")
     p.add_argument("--fig6-s", type=float, default=60.0, help="Fig. 6's length in seconds (default: 60)")
@@ -114,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    setup = Setup(load_profiles(), PAPER_CLUSTER, TRACE_SLO_MS, ProteusConfig(period_s=args.period_s),
-                  load_ms=args.load_ms)
+    setup = Setup(load_profiles(), PAPER_CLUSTER, TRACE_SLO_MS,
+                  ProteusConfig(period_s=args.period_s, overload=args.overload_rule), load_ms=args.load_ms)
     counts = full = load_counts()
     if args.seconds:
         counts = Counts(counts.families, counts.per_second[:args.seconds])
@@ -396,9 +400,16 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
         out.append(least(f"fig6.{shape}.proteus_fewest", f"Proteus' batching has the fewest violations ({shape})",
                          "Nexus 2-3x, AIMD 3.8-4x Proteus'", violations, "proteus"))
     uniform = {r["batching"]: r["violation_ratio"] for r in fig6 if r["arrivals"] == "uniform"}
-    out.append(Claim("fig6.uniform.all_fine", "on uniform arrivals every batching strategy meets its SLOs",
-                     f"all fine (ours: every violation ratio <= {UNIFORM_FINE:g})",
-                     f"largest {max(uniform.values()):.4g}", max(uniform.values()) <= UNIFORM_FINE))
+    fine = Claim("fig6.uniform.all_fine", "on uniform arrivals every batching strategy meets its SLOs",
+                 f"all fine (ours: every violation ratio <= {UNIFORM_FINE:g})",
+                 f"largest {max(uniform.values()):.4g}", max(uniform.values()) <= UNIFORM_FINE)
+    described = {b: v for b, v in uniform.items() if not b.endswith("-artifact")}
+    if max(described.values()) <= UNIFORM_FINE:  # only the authors' code's variants fail it
+        worst = max((b for b in uniform if b not in described), key=uniform.get)
+        fine = fine.because(f"the paper: its artifact's {worst.removesuffix('-artifact')} violates "
+                            f"{uniform[worst]:.4g} on uniform arrivals; as the paper describes them every strategy "
+                            f"is fine (largest {max(described.values()):.4g})")
+    out.append(fine)
     for load in dict.fromkeys(r["load"] for r in fig7):
         rows = {r["system"]: r for r in fig7 if r["load"] == load}
         out.append(least(f"fig7.{load}.wo_ms_most_violations", f"without model selection the most violations "

@@ -40,6 +40,12 @@ TIME_LIMIT_S = 10.0  # per solve; the incumbent is kept and its gap logged
 GAP_REL = 1e-9  # the search stops this close to the optimum
 OVERLOAD_STEP = 0.05  # share of the measured demand taken off per step when it cannot be served
 OVERLOAD_FLOOR = 0.2  # the artifact's lowest demand scale
+# how an overload lowers the demand (§4: "decreasing s_q by a small value" says not which q): "uniform" lowers every
+# type's by one factor, so the type the cluster serves least of sets every type's share (the default, as before);
+# "max-min" lowers each type's only as far as it must (progressive filling: the types that cannot be served more are
+# held at their share, the others raised further), then the accuracy is best for what is served
+OVERLOAD_RULES = ("uniform", "max-min")
+MAX_MIN_TOLERANCE = 1e-4  # a type whose share cannot rise above the common one by more than this is held
 # the paper plans capacity equal to demand (beta = 1); the artifact asks 5% headroom (beta = 1.05)
 HEADROOM = 1.0
 ARTIFACT_HEADROOM = 1.05
@@ -102,11 +108,12 @@ class Solution:
         return self.objective / total if total > 0 else math.nan
 
 
-def _build(problem: Problem, objective: str,
-           accuracy: float = 0.0) -> tuple[pulp.LpProblem, dict, dict, pulp.LpVariable | None]:
+def _build(problem: Problem, objective: str, accuracy: float = 0.0, held: Mapping[str, float] | None = None
+           ) -> tuple[pulp.LpProblem, dict, dict, pulp.LpVariable | None]:
     """The pooled program. ``objective``: "accuracy" serves the demand at the best accuracy (Eq. 7);
     "scale" serves the largest common share of it (at most all); "spread" serves the largest multiple
-    of it at a mean accuracy of at least ``accuracy`` per query served (the headroom of a plan)."""
+    of it at a mean accuracy of at least ``accuracy`` per query served (the headroom of a plan). ``held``: types
+    served at a given share of their demand whatever the scale."""
     lp = pulp.LpProblem("proteus", pulp.LpMaximize)
     n, v = {}, {}
     for p, pool in enumerate(problem.pools):
@@ -122,9 +129,10 @@ def _build(problem: Problem, objective: str,
     for k, var in v.items():  # Eq. 5: served within peak capacity
         lp += problem.headroom * var <= option[k].capacity_qps * n[k]
     scale = variable(lp, "scale", 0, None) if objective != "accuracy" else None
-    for q, s in problem.demand.items():  # Eq. 6: the demand is served
+    held = held or {}
+    for q, s in problem.demand.items():  # Eq. 6: the demand is served (a held type: its share of it)
         served = pulp.lpSum(var for k, var in v.items() if option[k].type == q)
-        lp += served == (s * scale if scale is not None else s)
+        lp += served == (s * held[q] if q in held else s * scale if scale is not None else s)
     weighted = pulp.lpSum(option[k].accuracy * var for k, var in v.items())
     if objective == "accuracy":
         lp.setObjective(weighted)
@@ -191,20 +199,52 @@ def solve(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S, spread: bool 
                     dict(problem.demand), 1.0, objective, optimal, gap, seconds)
 
 
-def max_scale(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S) -> float:
-    """The largest share of the demand (at most 1) that some placement serves for every type at once."""
-    lp, _, _, scale = _build(problem, "scale")
+def max_scale(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S,
+              held: Mapping[str, float] | None = None) -> float:
+    """The largest share of the demand (at most 1) that some placement serves for every type at once (every type
+    not ``held`` at its own share)."""
+    lp, _, _, scale = _build(problem, "scale", held=held)
     feasible, _, _, _ = _run(lp, time_limit_s)
     return float(scale.value() or 0.0) if feasible else 0.0
 
 
+def max_min_shares(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S) -> dict[str, float]:
+    """Each type's share of its demand under progressive filling: the largest common share, then, holding the types
+    that cannot rise above it, the largest common share of the rest, and so on (at most 1 each)."""
+    shares: dict[str, float] = {q: 1.0 for q, s in problem.demand.items() if s <= 0}
+    while len(shares) < len(problem.demand):
+        common = max_scale(problem, time_limit_s=time_limit_s, held=shares)
+        free = [q for q in problem.demand if q not in shares]
+        if common >= 1 - MAX_MIN_TOLERANCE:
+            shares.update((q, 1.0) for q in free)
+            break
+        # a type is held where it cannot rise above the common share while the others stay at it
+        stuck = [q for q in free if max_scale(problem, time_limit_s=time_limit_s, held={
+            **shares, **{o: common for o in free if o != q}}) <= common + MAX_MIN_TOLERANCE]
+        shares.update((q, common) for q in (stuck or free))
+    return shares
+
+
 def plan(problem: Problem, *, step: float = OVERLOAD_STEP, floor: float = OVERLOAD_FLOOR,
-         time_limit_s: float = TIME_LIMIT_S) -> Solution:
-    """:func:`solve`, lowering the demand in ``step``s when it cannot all be served (module note)."""
+         time_limit_s: float = TIME_LIMIT_S, overload: str = "uniform") -> Solution:
+    """:func:`solve`, lowering the demand when it cannot all be served: in ``step``s of every type's (``overload``
+    "uniform"), or each type's as far as it must ("max-min"; module note)."""
     started = time.perf_counter()
     solution = solve(problem, time_limit_s=time_limit_s)
     if solution is not None:
         return solution
+    if overload == "max-min":
+        shares = max_min_shares(problem, time_limit_s=time_limit_s)
+        # the shares a hair lower for the solver's tolerance, as the uniform rule's last resort is
+        lowered = replace(problem, demand={q: s * shares[q] * (1 - 1e-6) for q, s in problem.demand.items()})
+        solution = solve(lowered, time_limit_s=time_limit_s) or solve(problem.scaled(0.0), time_limit_s=time_limit_s)
+        if solution is None:
+            raise RuntimeError("proteus MILP: no demand scale is feasible, not even zero")
+        total = sum(problem.demand.values())
+        factor = sum(lowered.demand.values()) / total if total else 0.0
+        log.info("proteus MILP: demand %.0f q/s cannot be served; planned %.0f q/s (max-min shares %s)", total,
+                 factor * total, ", ".join(f"{q} {shares[q]:.2f}" for q in sorted(shares)))
+        return replace(solution, scale=factor, solve_s=time.perf_counter() - started)
     best = max_scale(problem, time_limit_s=time_limit_s)
     k = math.ceil((1 - best) / step - 1e-9)
     grid = [1 - j * step for j in (k, k + 1) if 1 - j * step >= floor - 1e-12]  # k + 1: the solver's tolerance

@@ -66,6 +66,7 @@ class ProteusConfig:
     headroom: float = milp.HEADROOM
     overload_step: float = milp.OVERLOAD_STEP
     overload_floor: float = milp.OVERLOAD_FLOOR
+    overload: str = "uniform"  # milp.OVERLOAD_RULES: how an overload lowers the demand
     time_limit_s: float = milp.TIME_LIMIT_S
 
 
@@ -80,6 +81,8 @@ class ProteusConfig:
         for key in ("ewma_window_s", "burst_s"):
             if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
                 raise ValueError(f"proteus: {key} must be a whole number >= 1, got {getattr(self, key)!r}")
+        if self.overload not in milp.OVERLOAD_RULES:
+            raise ValueError(f"proteus: overload must be one of {milp.OVERLOAD_RULES}, got {self.overload!r}")
         if self.burst_window not in BURST_WINDOWS:
             raise ValueError(f"proteus: burst_window must be one of {BURST_WINDOWS}, got {self.burst_window!r}")
         if not 0 < self.overload_step < 1 or not 0 <= self.overload_floor <= 1:
@@ -224,7 +227,7 @@ class ProteusPlanner(Planner):
         problem = milp.Problem(pools, self.options, {q: max(s, floor) for q, s in measured.items() if q in servable},
                                self.config.headroom)
         solution = milp.plan(problem, step=self.config.overload_step, floor=self.config.overload_floor,
-                             time_limit_s=self.config.time_limit_s)
+                             time_limit_s=self.config.time_limit_s, overload=self.config.overload)
         placement = self._place(pools, pool_of, solution)
         with self._lock:
             self._planned, self._last_plan_us = measured, now_us
