@@ -30,7 +30,7 @@ from scheduler_sidecar.experiments.proteus.systems import ABLATIONS, SYSTEMS, Se
 # What this short run (the trace's first 10 s; Fig. 6 over 2 s) says of each claim. A claim that holds is held; one
 # that does not is held as not holding, with why: a change either way fails here until the list is updated.
 CLAIMS = {
-    **{f"fig4.{load}.{claim}": holds for load in ("trace", "x1.6", "overloaded") for claim, holds in {
+    **{f"fig4.{load}.{claim}": holds for load in ("trace", "x1.6") for claim, holds in {
         "fewest_violations": True,
         # Sommelier plans the same variants as Proteus over 10 s (one plan), so their drops tie: not "smaller"
         "max_drop_order": False,
@@ -40,9 +40,6 @@ CLAIMS = {
         "violations_clipper-ha_over_proteus": False,
         "throughput_over_clipper_ha": False,  # nothing is late in 10 s: both serve the whole demand
     }.items()},
-    # twice the first 10 s: Clipper-HA's one plan, made for the whole trace's mix, falls short for some type there, and
-    # violates at least 10x what Proteus does
-    "fig4.overloaded.violations_clipper-ha_over_proteus": True,
     # 2 s of 1,000 q/s: Nexus' work-conserving batches fill before Proteus' adaptive ones wait out their slack
     "fig6.poisson.proteus_fewest": False,
     "fig6.gamma.proteus_fewest": False,
@@ -71,8 +68,9 @@ def test_reproduce_proteus_writes_every_figure(tmp_path, capsys):
     for name in ("summary.md", *(f"fig{k}.{ext}" for k in (4, 5, 6, 7, 8) for ext in ("csv", "png"))):
         assert (out / name).stat().st_size > 0
     fig4 = {(r["load"], r["system"]): r for r in result["fig4"]}
-    assert {s for _, s in fig4} == set(SYSTEMS) and {ld for ld, _ in fig4} == {"trace", "x1.6", "overloaded"}
+    assert {s for _, s in fig4} == set(SYSTEMS) and {ld for ld, _ in fig4} == {"trace", "x1.6"}
     assert {r["system"] for r in result["fig7"]} == {"proteus", *ABLATIONS}
+    assert {r["load"] for r in result["fig7"]} == {"trace", "x1.6", OVERLOADED}
     assert [r["system"] for r in result["fig5"]] == [*SYSTEMS, "proteus (artifact settings)"]
     assert len(result["fig6"]) == 3 * len(BATCHING)
     assert {(r["slo_multiple"], r["system"]) for r in result["fig8"]} == {(k, s) for k in (1.0, 3.0) for s in SYSTEMS}
@@ -80,9 +78,11 @@ def test_reproduce_proteus_writes_every_figure(tmp_path, capsys):
         assert fig4[load, "clipper-ht"]["accuracy"] < fig4[load, "proteus"]["accuracy"] - 15
         assert fig4[load, "proteus"]["late"] == 0
     assert {c["id"]: c["holds"] for c in result["claims"]} == CLAIMS
-    # only the authors' code's batching fails on uniform arrivals: the artifact's, not the paper's, as its cause says
+    # the cause "the paper" goes to the uniform claim only where the batching the paper describes is all fine: in 2 s
+    # its AIMD, still ramping up, violates 17% too, so no cause is claimed (the full run's 60 s: see summary.md)
     uniform = next(c for c in result["claims"] if c["id"] == "fig6.uniform.all_fine")
-    assert uniform["cause"].startswith("the paper: its artifact's aimd")
+    assert uniform["cause"] == "" and {r["batching"]: r for r in result["fig6"] if r["arrivals"] == "uniform"}[
+        "aimd"]["violation_ratio"] > 0.01
     summary = (out / "summary.md").read_text()
     assert "## Fig. 7: ablation" in summary
     assert all(c["statement"] in summary for c in result["claims"])  # summary.md is written from the claims
