@@ -128,8 +128,7 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
     profiles = {f: setup.profiles[f] for f in families}
     allowed = None
     if system.variants == "ha":
-        allowed = {f: frozenset({most_accurate_feasible(p, setup.slo_of(f), sorted(setup.cluster),
-                                                        setup.config.capacity)}) for f, p in profiles.items()}
+        allowed = _most_accurate(setup, profiles)
     elif system.variants == "ht":
         allowed = {f: frozenset({least_accurate(p)}) for f, p in profiles.items()}
     slo = {f: setup.slo_of(f) for f in families}
@@ -147,13 +146,18 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
     return Run(system.name, result, np.array([index[n] for n in names], dtype=np.int64), families, planner.plans)
 
 
+def _most_accurate(setup: Setup, profiles: Mapping[str, Profile]) -> dict[str, frozenset[str]]:
+    """Each type's most accurate SLO-feasible variant, the only one it may use (Clipper-HA, w/o MS)."""
+    return {f: frozenset({most_accurate_feasible(p, setup.slo_of(f), sorted(setup.cluster), setup.config.capacity)})
+            for f, p in profiles.items()}
+
+
 def capacity_qps(setup: Setup, mix: Mapping[str, float], variants: str = "all") -> float:
     """The most the cluster serves of ``mix`` (type -> share) within the SLOs: the MILP's plan for far more than it
     can, on every variant ("all") or on each type's most accurate SLO-feasible one only ("ha")."""
     kinds = [k for k, n in setup.cluster.items() for _ in range(n)]
     profiles = {f: setup.profiles[f] for f in mix}
-    allowed = {f: frozenset({most_accurate_feasible(p, setup.slo_of(f), sorted(setup.cluster), setup.config.capacity)})
-               for f, p in profiles.items()} if variants == "ha" else None
+    allowed = _most_accurate(setup, profiles) if variants == "ha" else None
     planner = ProteusPlanner(profiles, list(enumerate(kinds)), {f: setup.slo_of(f) for f in profiles}, setup.config,
                              initial_demand={f: STATIC_DEMAND_QPS * share for f, share in mix.items()},
                              allowed=allowed, static=True)
