@@ -244,21 +244,36 @@ def _ms_agreement(rows: list[dict]) -> str:
             f"(K, load) points they list (K = 60, 70, 80)") if total else ""
 
 
+def _saving_cause(served: list[int], workers: list[int], baseline: str) -> str:
+    """Why the largest saving falls short: the fewest workers any method serves the trace on bounds it."""
+    if not served:
+        return "unclassified: no worker count run keeps any method's violations below 5%"
+    bound = 100.0 * (workers[-1] - served[0]) / workers[-1]
+    return (f"inputs: the hardware: the paper's savings are its prototype's (§7.1; its simulator reports none); on the "
+            f"authors' profile here no method keeps violations below 5% on fewer than {served[0]} workers, so no "
+            f"saving against {baseline} on up to {workers[-1]} can exceed {bound:.0f}%")
+
+
 def claims(rows: list[dict]) -> list[Claim]:
     """RAMSIS' claims against each baseline, over the worker counts where the methods compared violate < 5 %."""
     m = by_method(rows)
     out = []
     ok = [w for w in sorted(m["ramsis"]) if all(m[x][w]["violation_rate"] < VIOLATION_CAP for x in METHODS)]
+    served = [w for w in sorted(m["ramsis"]) if any(m[x][w]["violation_rate"] < VIOLATION_CAP for x in METHODS)]
     for b in BASELINES:
         savings = [s for _, _, s in resource_saving(m["ramsis"], m[b])]
         gains = accuracy_gains(m["ramsis"], m[b])
         sim = [gains[w] for w in (60, 70, 80) if w in gains]
         out.append(at_least(f"saving_max.{b}", f"RAMSIS needs fewer workers than {b} for its accuracy (the largest "
                             "saving)", f"{PAPER['saving_max'][b]:.2f}%", max(savings, default=float("-inf")),
-                            PAPER["saving_max"][b], "%"))
+                            PAPER["saving_max"][b], "%").because(_saving_cause(served, sorted(m["ramsis"]), b)))
+        sim_max = max(sim, default=float("-inf"))
         out.append(at_least(f"gain_max.{b}", f"RAMSIS serves more accuracy than {b} on as many workers (the largest "
                             "gain)", f"{PAPER['gain_max'][b]:.2f} points", max(gains.values(), default=float("-inf")),
-                            PAPER["gain_max"][b], " points"))
+                            PAPER["gain_max"][b], " points").because(
+            f"the paper: its {PAPER['gain_max'][b]:.2f} points is its prototype's (§7.1); its authors' simulator "
+            f"(App. A.4.2) gains at most {PAPER['sim_gain_max'][b]:.2f} points over {b} at 60-80 workers, where ours "
+            f"gains at most {sim_max:.2f} (the mean is held to the simulator's below)"))
         paper = PAPER["sim_gain_mean"][b]
         mean = float(np.mean(sim)) if sim else float("nan")
         out.append(Claim(f"sim_gain_mean.{b}", f"the mean gain over {b} at 60/70/80 workers matches the artifact "
