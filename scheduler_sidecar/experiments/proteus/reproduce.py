@@ -398,9 +398,14 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
             out.append(at_least(f"fig4.{load}.violations_{other}_over_proteus", f"{other}'s violations over "
                                 f"Proteus' ({load})", f">= {times:g}x", ratio, times, "x"))
         gain = rows["proteus"]["throughput_qps"] / max(rows["clipper-ha"]["throughput_qps"], 1e-9)
+        paper = PAPER["fig4_throughput_over_clipper_ha"]
+        served = 1 - rows["clipper-ha"]["violation_ratio"]  # every system is offered the same queries
         out.append(at_least(f"fig4.{load}.throughput_over_clipper_ha", f"Proteus' throughput over Clipper-HA's "
-                            f"({load})", f"{PAPER['fig4_throughput_over_clipper_ha']:g}x", gain,
-                            PAPER["fig4_throughput_over_clipper_ha"], "x"))
+                            f"({load})", f"{paper:g}x", gain, paper, "x").because(
+            f"inputs: the load: Clipper-HA already meets {100 * served:.1f}% of the queries, so no system can serve "
+            f"more than {1 / max(served, 1e-9):.2f}x its throughput; the paper's {paper:g}x needs a load it meets at "
+            f"most {100 / paper:.1f}% of" if 1 / max(served, 1e-9) < paper else
+            f"unclassified: Clipper-HA meets {100 * served:.1f}% of the queries, room for {1 / max(served, 1e-9):.2f}x"))
     for shape in ("poisson", "gamma"):
         violations = {r["batching"]: r["violation_ratio"] for r in fig6 if r["arrivals"] == shape}
         out.append(least(f"fig6.{shape}.proteus_fewest", f"Proteus' batching has the fewest violations ({shape})",
