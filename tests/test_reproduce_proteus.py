@@ -117,6 +117,19 @@ def test_a_claim_that_fails_on_a_light_load_and_holds_overloaded_is_the_loads():
     assert causes[1:] == ["", "", "", ""]  # holds; fails overloaded too; not a load's claim
 
 
+def test_a_fig4_claim_that_holds_on_the_heavier_load_is_the_loads():
+    """Fig. 4 runs no overloaded load: the twin is the heaviest load the claim holds on."""
+    loads = [{"load": name, "factor": f, "peak_over_ha_capacity": f * 1.1, "ha_capacity_qps": 954.0,
+              "seconds_over_ha_capacity": 26} for name, f in (("x1.6", 1.6), ("trace", 1.0), (OVERLOADED, 3.0))]
+    found = classified([Claim("fig4.trace.violations_sommelier_over_proteus", "s", "p", "1.3x", False),
+                        Claim("fig4.x1.6.violations_sommelier_over_proteus", "s", "p", "6.04x", True),
+                        Claim("fig4.x1.6.violations_infaas_over_proteus", "s", "p", "1.4x", False),
+                        Claim("fig4.trace.violations_infaas_over_proteus", "s", "p", "2.3x", False)], loads)
+    causes = [c.cause for c in found]
+    assert causes[0].startswith("inputs: the load") and "at x1.6 (x1.6" in causes[0] and "6.04x" in causes[0]
+    assert causes[1:] == ["", "", ""]
+
+
 def test_the_bursty_trace_has_the_papers_three_bursts():
     """§6.3's trace, imported: about 150 q/s with three bursts of about 40-50 s near 1,100 q/s."""
     counts = load_counts(BURSTY)
