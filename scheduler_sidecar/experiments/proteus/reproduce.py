@@ -56,6 +56,7 @@ from scheduler_sidecar.experiments.proteus.data import (
 )
 from scheduler_sidecar.experiments.proteus.systems import (
     ABLATIONS,
+    ARTIFACT_INFAAS,
     METRIC_WINDOW_S,
     SYSTEMS,
     Run,
@@ -238,6 +239,7 @@ def bursty_trace(setup: Setup, counts: Counts, seed: int,
     runs = {name: (system, setup) for name, system in SYSTEMS.items()}
     runs["proteus (artifact settings)"] = (SYSTEMS["proteus"],
                                            replace(setup, config=replace(setup.config, **ARTIFACT_BURSTY)))
+    runs[ARTIFACT_INFAAS.name] = (ARTIFACT_INFAAS, setup)
     spans = bursts(counts)
     rows, timelines = [], {}
     compared = [settings(name, system, at) for name, (system, at) in runs.items()]
@@ -374,9 +376,19 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
     shape of Fig. 6, each SLO multiple of Fig. 8; Fig. 5 with the paper's settings)."""
     out = []
     rows = {r["system"]: r for r in fig5}
-    out.append(least("fig5.fewest_violations", "Proteus has the fewest violations of the accuracy-scaling systems "
-                     "(bursty trace)", "the lowest once it re-allocates",
-                     {s: rows[s]["violation_ratio"] for s in SCALING}, "proteus"))
+    fewest = least("fig5.fewest_violations", "Proteus has the fewest violations of the accuracy-scaling systems "
+                   "(bursty trace)", "the lowest once it re-allocates",
+                   {s: rows[s]["violation_ratio"] for s in SCALING}, "proteus")
+    artifact = rows.get(ARTIFACT_INFAAS.name)
+    if artifact is not None and artifact["violation_ratio"] > rows["proteus"]["violation_ratio"] and all(
+            rows[s]["violation_ratio"] >= rows["proteus"]["violation_ratio"] for s in SCALING if s != "infaas-accuracy"):
+        infaas = rows["infaas-accuracy"]
+        fewest = fewest.because(
+            f"the paper: its artifact's INFaaS-Accuracy re-plans every 10 s and violates {artifact['violation_ratio']:.4f}, "
+            f"more than Proteus; as the text has it, deciding as load arrives (here every second), it violates "
+            f"{infaas['violation_ratio']:.4f}, at {infaas['accuracy']:.2f}% accuracy against Proteus' "
+            f"{rows['proteus']['accuracy']:.2f}%")
+    out.append(fewest)
     out.append(least("fig5.smallest_drop", "Proteus has the smallest maximum accuracy drop of the accuracy-scaling "
                      "systems (bursty trace)", "the lowest once it re-allocates",
                      {s: rows[s]["max_accuracy_drop"] for s in SCALING}, "proteus"))
@@ -517,7 +529,9 @@ def _summary(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[di
         f"zipf_exponential_bursty ({'first ' + str(args.seconds) + ' s' if args.seconds else 'all 292 s'}); bursts: "
         f"the seconds above {BURST_FACTOR:g}x the trace's median rate; `burst_onset_violations` over each burst's "
         f"first {METRIC_WINDOW_S} s, `burst_rest_violations` over the rest. `proteus (artifact settings)`: "
-        f"{', '.join(f'{k} {v:g}' for k, v in ARTIFACT_BURSTY.items())}.",
+        f"{', '.join(f'{k} {v:g}' for k, v in ARTIFACT_BURSTY.items())}. `{ARTIFACT_INFAAS.name}`: INFaaS-Accuracy's "
+        f"autoscaler every {ARTIFACT_INFAAS.infaas_period_s:g} s, as the authors' code runs it (the paper has INFaaS "
+        "decide as load arrives: every second here).",
         "",
         markdown_table(fig5, ["system", "violation_ratio", "accuracy", "max_accuracy_drop", "throughput_qps",
                               "burst_onset_violations", "burst_rest_violations", "plans"]),
