@@ -430,8 +430,16 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
             f"unclassified: Clipper-HA meets {100 * served:.1f}% of the queries, room for {1 / max(served, 1e-9):.2f}x"))
     for shape in ("poisson", "gamma"):
         violations = {r["batching"]: r["violation_ratio"] for r in fig6 if r["arrivals"] == shape}
-        out.append(least(f"fig6.{shape}.proteus_fewest", f"Proteus' batching has the fewest violations ({shape})",
-                         "Nexus 2-3x, AIMD 3.8-4x Proteus'", violations, "proteus"))
+        fewest = least(f"fig6.{shape}.proteus_fewest", f"Proteus' batching has the fewest violations ({shape})",
+                       "Nexus 2-3x, AIMD 3.8-4x Proteus'", violations, "proteus")
+        coded = {b: v for b, v in violations.items() if b.endswith("-artifact")}
+        better = sorted(b for b, v in violations.items() if v < violations["proteus"])
+        if coded and all(v >= violations["proteus"] for v in coded.values()):  # only the text's baselines beat it
+            fewest = fewest.because(
+                f"the paper: against its baselines as the authors' code runs them Proteus' batching violates least "
+                f"({violations['proteus']:.4f}; {', '.join(f'{b} {v:.4f}' for b, v in coded.items())}); as its text "
+                f"describes them, {', '.join(f'{b} {violations[b]:.4f}' for b in better)} violate less")
+        out.append(fewest)
     uniform = {r["batching"]: r["violation_ratio"] for r in fig6 if r["arrivals"] == "uniform"}
     fine = Claim("fig6.uniform.all_fine", "on uniform arrivals every batching strategy meets its SLOs",
                  f"all fine (ours: every violation ratio <= {UNIFORM_FINE:g})",
