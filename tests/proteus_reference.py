@@ -11,10 +11,14 @@ What the paper leaves open is decided here the plain way, and the tests say wher
 - Overload (§4: "we solve the MILP again by decreasing s_q by a small value"): every type's demand times
   1 - k x ``step``, for the first k at which some allocation serves it.
 - A type's queries go to its devices in proportion to their planned rates (the y[d,q] of Eq. 2) by smooth weighted
-  round-robin: the paper says "percentage" and no more.
+  round-robin, as the project's router does: the paper says "percentage" and no more, and a query-by-query
+  comparison needs the same split (the order of the devices is the plan's).
 - A device drops the head query while it "would expire" even run alone now (``drop="alone"``); ``drop="batch"``
   drops it while it would expire in the batch the device would run now (min(queue, B_max)).
-- Times are whole microseconds; two events never share one in the tests' scenarios, so their order is never asked.
+- Times are whole microseconds. Events at the same microsecond run in the order they were scheduled; the tests keep
+  the two types' arrivals apart (odd and even microseconds), and agree query by query with the project's order.
+- The project stops lowering an overloaded demand at 0.2 of it (the artifact's floor); this reference goes on to 0.
+  No scenario in the tests needs a scale below 0.65.
 """
 
 from __future__ import annotations

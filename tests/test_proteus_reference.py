@@ -180,8 +180,13 @@ def test_every_plan_of_a_trace_matches_the_reference(monkeypatch):
     for now_us, plan, history in made:
         measured = plan.detail.demand
         for q, counts in zip(SLO_MS, history):
-            want = ewma(counts, config.ewma_com, config.ewma_window_s) if counts else {"vision": 60.0,
-                                                                                        "text": 40.0}[q]
+            # the one-second counts from the arrivals themselves, every whole second before the plan
+            mine = arrival[np.array(names) == q]
+            seconds = now_us // 1_000_000
+            want_counts = np.bincount(mine[mine < seconds * 1_000_000] // 1_000_000, minlength=seconds).tolist()
+            assert counts == want_counts[-config.ewma_window_s:], (now_us, q)
+            want = ewma(want_counts, config.ewma_com, config.ewma_window_s) if seconds else {"vision": 60.0,
+                                                                                              "text": 40.0}[q]
             assert measured[q] == pytest.approx(want, rel=1e-9), (now_us, q)
         theirs = ref.plan(DEVICES, reference(), SLO_MS, measured)
         solution = plan.detail.solution
@@ -191,8 +196,8 @@ def test_every_plan_of_a_trace_matches_the_reference(monkeypatch):
         scales.append(theirs.scale)
     times = [t for t, *_ in made]
     gaps = np.diff(times)
-    assert len(made) >= 4 and gaps.min() < 3_999_000  # the period's plans, and a burst's before one was due
-    assert min(scales) < 1.0  # the overload was planned for too
+    assert len(made) == 5 and gaps.min() < 3_999_000  # the period's plans, and bursts' before one was due
+    assert min(scales) == pytest.approx(0.9)  # the overload was planned for too
 
 
 def one_plan(monkeypatch, vision, text, initial):
@@ -205,6 +210,7 @@ def one_plan(monkeypatch, vision, text, initial):
     routing, kinds, variants = made[0][1].detail, dict(workers()), reference()
     devices = [ref.Device(r.worker_id, kinds[r.worker_id], variants[r.variant], r.max_batch)
                for routes in routing.routes.values() for r in routes]
+    assert all(d.max_batch == d.variant.max_batch(d.type, SLO_MS[d.variant.type]) for d in devices)  # §4's B_max
     routes = {q: [(r.worker_id, r.share) for r in rs] for q, rs in routing.routes.items()}
     queries = list(zip(arrival.tolist(), deadline.tolist(), names))
     return result, devices, routes, queries
@@ -217,7 +223,7 @@ STATUS = {OUTCOME_CODES[Outcome.MET]: "met", OUTCOME_CODES[Outcome.LATE]: "late"
 @pytest.mark.parametrize("load", ["quiet", "burst"])
 def test_queries_match_the_reference_one_by_one(monkeypatch, load):
     """Under the plan for 300 + 200 q/s, with the project's drop rule: every query's fate and finish to the microsecond,
-    in the quiet (all met, batches formed by waiting) and in a burst to twice the plan (queries dropped)."""
+    in the quiet (all met, batches formed by waiting) and in a burst to three times the plan (queries dropped)."""
     burst = load == "burst"
     vision = [(1.0, 300.0), (1.0, 900.0 if burst else 300.0), (1.0, 300.0)]
     text = [(1.0, 200.0), (1.0, 700.0 if burst else 200.0), (1.0, 200.0)]
@@ -242,5 +248,5 @@ def test_the_projects_drop_rule_against_the_plain_reading(monkeypatch):
     _, devices, routes, queries = one_plan(monkeypatch, vision, text, {"vision": 300.0, "text": 200.0})
     plain = Counter(o.status for o in ref.simulate(devices, routes, queries, drop="alone"))
     ours = Counter(o.status for o in ref.simulate(devices, routes, queries, drop="batch"))
-    assert ours["late"] == 0 < plain["late"]
-    assert ours["met"] > plain["met"]
+    assert plain == {"met": 952, "late": 618, "dropped": 1_020}  # deterministic: the README quotes these
+    assert ours == {"met": 1_564, "dropped": 1_026}

@@ -31,9 +31,10 @@ def test_reproduce_ramsis_holds_its_claims(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {c["id"]: c["holds"] for c in result["claims"]} == CLAIMS
     causes = {c["id"]: c["cause"].split(":")[0] for c in result["claims"] if not c["holds"]}
-    # computed: no method keeps violations < 5% on fewer than 70 workers here; the largest gains are the prototype's
+    # computed: no method keeps violations < 5% on fewer than 70 workers here, so no saving is possible; the largest
+    # gains are the prototype's, but in this short run ours (70 workers only) is short of the authors' simulator too
     assert {k: v for k, v in causes.items() if k.startswith(("saving_max", "gain_max"))} == {
         **{f"saving_max.{b}": "inputs" for b in ("jellyfish", "modelswitching")},
-        **{f"gain_max.{b}": "the paper" for b in ("jellyfish", "modelswitching")}}
+        **{f"gain_max.{b}": "unclassified" for b in ("jellyfish", "modelswitching")}}
     summary = (tmp_path / "summary.md").read_text()
     assert all(c["statement"] in summary for c in result["claims"])

@@ -58,8 +58,8 @@ SYSTEMS = {s.name: s for s in (
     System("sommelier", fixed_types=True),
     System("infaas-accuracy", batching="nexus", planner="infaas"),
 )}
-# INFaaS-Accuracy as the authors' artifact runs it (digest A.7): its autoscaler every 10 s, where the paper has INFaaS
-# decide as load arrives
+# INFaaS-Accuracy at the authors' artifact's interval (its autoscaler every 10 s, digest A.7; still from the last
+# second's counts), where the paper has INFaaS decide as load arrives
 ARTIFACT_INFAAS = System("infaas-accuracy (artifact: every 10 s)", batching="nexus", planner="infaas",
                          infaas_period_s=10.0)
 ABLATIONS = {s.name: s for s in (
