@@ -68,7 +68,7 @@ def test_reproduce_proteus_writes_every_figure(tmp_path, capsys):
     for name in ("summary.md", *(f"fig{k}.{ext}" for k in (4, 5, 6, 7, 8) for ext in ("csv", "png"))):
         assert (out / name).stat().st_size > 0
     fig4 = {(r["load"], r["system"]): r for r in result["fig4"]}
-    assert {s for _, s in fig4} == set(SYSTEMS) and {ld for ld, _ in fig4} == {"trace", "x1.6"}
+    assert {s for _, s in fig4} == {*SYSTEMS, ARTIFACT_INFAAS.name} and {ld for ld, _ in fig4} == {"trace", "x1.6"}
     assert {r["system"] for r in result["fig7"]} == {"proteus", *ABLATIONS}
     assert {r["load"] for r in result["fig7"]} == {"trace", "x1.6", OVERLOADED}
     assert [r["system"] for r in result["fig5"]] == [*SYSTEMS, "proteus (artifact settings)", ARTIFACT_INFAAS.name]
