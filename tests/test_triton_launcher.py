@@ -156,6 +156,17 @@ def test_a_start_killed_by_a_signal_is_tried_once_more(repository: Path, tmp_pat
     assert marker.exists() and "aborting once" in (tmp_path / "t.log").read_text()
 
 
+def test_a_server_stuck_after_loading_every_model_counts_as_hung() -> None:
+    """The start is tried once more only when the log shows every model it began loading loaded (a server stuck past
+    its models), not while one still loads (a slow load) or before any load began."""
+    loading = 'I1 model_lifecycle.cc:472] "loading: a:1"\nI1 model_lifecycle.cc:472] "loading: b:1"\n'
+    one = "I1 model_lifecycle.cc:839] \"successfully loaded 'a'\"\n"
+    two = one + "I1 model_lifecycle.cc:839] \"successfully loaded 'b'\"\n"
+    assert triton_launcher.loaded_every_model(loading + two)
+    assert not triton_launcher.loaded_every_model(loading + one)
+    assert not triton_launcher.loaded_every_model("")
+
+
 def test_two_servers_run_at_once(repository: Path, tmp_path: Path) -> None:
     """Two servers on the same repository get distinct free ports and both serve."""
     with (

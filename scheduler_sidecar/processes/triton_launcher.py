@@ -295,11 +295,16 @@ class TritonServer:
                 self._wait_ready(self._proc)
             except TritonStartError:
                 aborted = self._proc.poll() is not None and self._proc.returncode < 0
+                hung = self._proc.poll() is None and loaded_every_model(log_tail(self._log_path, 100_000))
                 self.stop()
-                if not aborted or attempt == START_ATTEMPTS:
+                if not (aborted or hung) or attempt == START_ATTEMPTS:
                     raise
-                log.warning("tritonserver was killed by signal %d while loading its models; starting it again "
-                            "(log %s)", -self._returncode, self._log_path)
+                if hung:
+                    log.warning("tritonserver loaded its models but never served within %g s; starting it again "
+                                "(log %s)", self._ready_timeout_s, self._log_path)
+                else:
+                    log.warning("tritonserver was killed by signal %d while loading its models; starting it again "
+                                "(log %s)", -self._returncode, self._log_path)
                 continue
             except BaseException:
                 self.stop()
@@ -374,6 +379,13 @@ def log_tail(path: Path, n_lines: int) -> str:
             return "".join(collections.deque(f, maxlen=n_lines))
     except FileNotFoundError:
         return ""
+
+
+def loaded_every_model(log_text: str) -> bool:
+    """True if a tritonserver log shows every model it began loading loaded (and at least one): a server still not
+    ready then is stuck past its models (seen once in a fresh clone's suite on 2 busy cores), not slow to load them."""
+    loading = log_text.count('"loading: ')
+    return loading > 0 and log_text.count("successfully loaded '") >= loading
 
 
 def wait_http_ready(proc: subprocess.Popen[bytes], http_url: str, timeout_s: float) -> str | None:
