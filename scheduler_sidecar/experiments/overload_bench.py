@@ -35,9 +35,12 @@ overload:
   Over the run: ``peak_rss_mb`` of the sidecar (psutil, every 0.2 s) beside ``rss_start_mb``, and
   the request-size limit it runs with (``max_request_bytes``, its default: the bench sets none; null
   where the sidecar has no such limit); ``peak_queue_depth`` (its /metrics gauge
-  ``accscale_queue_depth``, every 0.2 s); ``false_worker_down``: times a worker was marked down
-  (its counter ``accscale_worker_failures``; Triton never fails here, so every one is false), and
-  ``worker_down_samples``, /metrics samples with an ``accscale_worker_healthy`` of 0;
+  ``accscale_queue_depth``, every 0.2 s); ``false_worker_down``: times a worker whose Triton still
+  runs was marked down (its counter ``accscale_worker_failures``), and ``worker_down_samples``,
+  /metrics samples with such a worker's ``accscale_worker_healthy`` at 0; ``triton_exits``: each
+  Triton that ended during the run, with the line of its log that says why (on a starved 2-core
+  machine the python backend's one-second stub health check can fail and abort Triton: a worker
+  really down, which the sidecar is right to mark and is not counted as false);
   ``recovery_s``: seconds from the end of the overload to the start of the first 1 s window of
   sends with >= 99% met (null: not within ``--recovery-s``), and ``after_recovery_met``, the
   share met in the recovery phase after that window; ``sidecar_outcomes``: how the sidecar itself
@@ -79,6 +82,7 @@ from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.deployment import Device, deploy
 from scheduler_sidecar.experiments.sidecar_bench import cpu_seconds, measure_profile
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 from scheduler_sidecar.server.grpc_frontend import ERROR_METADATA
 
 MODEL = "convnet"
@@ -326,7 +330,7 @@ class Watch:
         self._interval_s = interval_s
         self.rss: list[tuple[float, float]] = []  # (time s, MiB)
         self.queue_depth: list[float] = []
-        self.worker_down_samples = 0
+        self.down_samples: Counter[str] = Counter()  # endpoint -> /metrics samples that had it down
         self.scrape_failures = 0
         self.start = time.perf_counter()
         self._stop = threading.Event()
@@ -358,7 +362,8 @@ class Watch:
                 self.scrape_failures += 1
                 continue
             self.queue_depth.append(sum(m.get("accscale_queue_depth", {}).values()))
-            self.worker_down_samples += any(v == 0 for v in m.get("accscale_worker_healthy", {}).values())
+            for labels, healthy in m.get("accscale_worker_healthy", {}).items():
+                self.down_samples[dict(labels)["endpoint"]] += healthy == 0
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far of this process (the client), the sidecar, Triton with its children, and the
@@ -398,6 +403,16 @@ def outcomes(before: dict, after: dict) -> dict[str, int]:
         return counts
 
     return {k: int(v) for k, v in sorted((by_outcome(after) - by_outcome(before)).items())}
+
+
+def exit_cause(triton: TritonServer) -> str:
+    """Why a Triton that ended on its own did: its exit status and the first line of its log's tail that names a
+    failure (an abort's exception, a signal), if any."""
+    status = triton.returncode
+    said = next((line.strip() for line in triton.log_tail(40).splitlines()
+                 if any(k in line for k in ("terminate called", "what():", "Signal (", "error", "Error"))), "")
+    how = f"signal {-status}" if status < 0 else f"exit status {status}"
+    return f"{how}: {said}" if said else how
 
 
 def request_limit() -> int | None:
@@ -480,12 +495,16 @@ def overload(args: argparse.Namespace, progress=lambda msg: None) -> dict:
 
         scraped: list[dict] = []  # /metrics before the overload and after the last answer
         capacity, hot, cool, used = asyncio.run(main())
+        exits = {t.grpc_url: exit_cause(t) for t in tritons if t.returncode is not None}  # before they are stopped
     before, after = scraped
     windows = cool.windows(1.0)
     recovered = next((start for start, share in windows if share >= MET_TARGET), None)
     rest = [o for t, o in zip(cool.times, cool.outcomes) if recovered is not None and t >= recovered + 1]
-    failures = sum(after.get("accscale_worker_failures_total", {}).values()) \
-        - sum(before.get("accscale_worker_failures_total", {}).values())
+    def marked_down(m: dict) -> Counter[str]:
+        return Counter({dict(labels)["endpoint"]: v for labels, v in m.get("accscale_worker_failures_total",
+                                                                           {}).items()})
+
+    failures = marked_down(after) - marked_down(before)
     summaries = {"overload": hot.summary(), "recovery": cool.summary()}
     for phase, summary in summaries.items():
         summary["cpu_cores"] = used[phase]
@@ -497,7 +516,9 @@ def overload(args: argparse.Namespace, progress=lambda msg: None) -> dict:
         "recovery_met_per_s": [round(share, 3) for _, share in windows],
         "sidecar_outcomes": outcomes(before, after),
         "lost": summaries["overload"]["lost"] + summaries["recovery"]["lost"],
-        "false_worker_down": int(failures), "worker_down_samples": watch.worker_down_samples,
+        "false_worker_down": int(sum(n for url, n in failures.items() if url not in exits)),
+        "worker_down_samples": sum(n for url, n in watch.down_samples.items() if url not in exits),
+        "triton_exits": exits,
         "peak_queue_depth": max(watch.queue_depth, default=None), "queue_samples": len(watch.queue_depth),
         "scrape_failures": watch.scrape_failures,
         "rss_start_mb": round(watch.rss[0][1], 1), "peak_rss_mb": round(max(r for _, r in watch.rss), 1),
@@ -640,6 +661,8 @@ def run_overload(args: argparse.Namespace) -> int:
           f"(request limit {result['max_request_bytes']} B)")
     print(f"lost {result['lost']} (target 0), false worker-down {result['false_worker_down']} (target 0; "
           f"{result['worker_down_samples']} samples with a worker down)")
+    for url, cause in result["triton_exits"].items():
+        print(f"Triton {url} ended during the run: {cause}")
     return 0
 
 
