@@ -139,7 +139,7 @@ def test_accuracy_on_the_authors_profile_is_maximal_then_never_rises():
 
 def test_overload_lowers_the_demand_by_steps_until_feasible():
     problem = paper_problem(6000.0)
-    solution = milp.plan(problem)
+    solution = milp.plan(problem, overload="uniform")
     assert solution.scale < 1 and math.isclose(round((1 - solution.scale) / milp.OVERLOAD_STEP), (1 - solution.scale)
                                                 / milp.OVERLOAD_STEP, abs_tol=1e-9)
     assert milp.solve(problem.scaled(solution.scale + milp.OVERLOAD_STEP)) is None  # one step less would not fit
@@ -153,7 +153,7 @@ def test_max_min_overload_lowers_only_the_types_that_cannot_be_served():
                milp.Option("small", "small-hi", "k", 0.9, 10.0, 1))
     pools = (milp.Pool("k", 2, frozenset({"big"})), milp.Pool("k", 1, frozenset({"small"})))
     problem = milp.Problem(pools, options, {"big": 40.0, "small": 20.0})  # small: 10 of 20 q/s at most
-    uniform, fair = milp.plan(problem), milp.plan(problem, overload="max-min")
+    uniform, fair = milp.plan(problem, overload="uniform"), milp.plan(problem)  # max-min: the default
     assert uniform.demand["small"] == pytest.approx(10.0) and uniform.demand["big"] == pytest.approx(20.0)
     assert milp.max_min_shares(problem) == pytest.approx({"small": 0.5, "big": 1.0}, abs=1e-3)
     assert fair.demand["small"] == pytest.approx(10.0, rel=1e-5) and fair.demand["big"] == pytest.approx(40.0, rel=1e-5)

@@ -10,7 +10,10 @@ Where the two differ by design, the test names the project's decision:
   checked here against the formula, and the reference plans from the demand the project measured;
 - the head-of-queue drop: the paper's query "would expire" is read by the project as "would expire in the batch the
   device would run now" (batching.py); the reference runs that rule query by query, and the plain reading ("even
-  alone") in a burst, where the last test measures what the project's reading changes.
+  alone") in a burst, where the last test measures what the project's reading changes;
+- the overload rule: the reference lowers every type's demand by one factor, the literal reading of "decreasing s_q";
+  the project's default lowers each type's only as far as it must (max-min, milp.py's note), so the project runs
+  its "uniform" rule here.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def allocation(placement, kinds: dict[int, str]) -> ref.Allocation:
     return frozenset(counts.items())
 
 
-CONFIG = ProteusConfig(min_demand_qps=0.0)
+CONFIG = ProteusConfig(min_demand_qps=0.0, overload="uniform")  # the reference's reading (module note)
 
 
 def test_peak_capacity_is_the_papers():
@@ -173,7 +176,7 @@ def test_every_plan_of_a_trace_matches_the_reference(monkeypatch):
     """A 12 s trace with plans every 4 s and on bursts: each plan's demand is the artifact's EWMA of the one-second
     counts, and each plan is the reference's for that demand (scale, optimum, allocation)."""
     arrival, deadline, names = trace(VISION, TEXT)
-    config = ProteusConfig(period_s=4.0, min_demand_qps=0.0)
+    config = ProteusConfig(period_s=4.0, min_demand_qps=0.0, overload="uniform")
     _, made = run(monkeypatch, arrival, deadline, names, config, {"vision": 60.0, "text": 40.0})
     kinds = dict(workers())
     scales = []

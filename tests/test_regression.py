@@ -114,9 +114,12 @@ SYSTEM_PINS = {
     "proteus": (proteus_metrics, "proteus", {}, {
         "queries": 11868, "violation_ratio": 0.08720930232558144, "dropped": 1035, "late": 0, "rejected": 0,
         "accuracy": 91.17952016985137, "max_accuracy_drop": 12.080714226896973, "throughput_qps": 361.1}),
+    # the overload rule's default is max-min (issue 47: under "uniform" the type served least capped every type's
+    # share); only proteus-fail, whose failed workers overload it, plans differently. Before: (0.09361307718233902,
+    # 1111, 84.70500464813611, 20.426433348833555, 358.56666666666666)
     "proteus-fail": (proteus_metrics, "proteus", {"fail_at_s": (8.0, 16.0)}, {
-        "queries": 11868, "violation_ratio": 0.09361307718233902, "dropped": 1111, "late": 0, "rejected": 0,
-        "accuracy": 84.70500464813611, "max_accuracy_drop": 20.426433348833555, "throughput_qps": 358.56666666666666}),
+        "queries": 11868, "violation_ratio": 0.09100101112234582, "dropped": 1080, "late": 0, "rejected": 0,
+        "accuracy": 84.62752532443459, "max_accuracy_drop": 20.582695728465964, "throughput_qps": 359.6}),
     "proteus-load": (proteus_metrics, "proteus", {"load_ms": 500.0}, {
         "queries": 11868, "violation_ratio": 0.10347152005392657, "dropped": 1228, "late": 0, "rejected": 0,
         "accuracy": 91.31516229323309, "max_accuracy_drop": 11.785740752637224, "throughput_qps": 354.6666666666667}),

@@ -70,7 +70,7 @@ from scheduler_sidecar.experiments.proteus.systems import (
     simulate_queries,
 )
 from scheduler_sidecar.sim.results import OUTCOME_CODES, markdown_table, write_rows
-from scheduler_sidecar.systems.proteus.milp import OVERLOAD_RULES
+from scheduler_sidecar.systems.proteus.milp import DEFAULT_OVERLOAD, OVERLOAD_RULES
 from scheduler_sidecar.systems.proteus.planner import ProteusConfig
 
 GAMMA_SHAPE = 0.05  # §6.4
@@ -100,9 +100,9 @@ def register(papers: argparse._SubParsersAction) -> None:
     p.add_argument("--overloaded", type=float, default=None,
                    help="the third load, 'overloaded': counts x this (default: the factor at which the trace's 10 s "
                         "peak reaches the cluster's capacity on any variants)")
-    p.add_argument("--overload-rule", choices=OVERLOAD_RULES, default="uniform",
-                   help="how the MILP lowers a demand it cannot serve: every type's by one factor (uniform, the default) "
-                        "or each type's only as far as it must (max-min); the paper does not say which")
+    p.add_argument("--overload-rule", choices=OVERLOAD_RULES, default=DEFAULT_OVERLOAD,
+                   help="how the MILP lowers a demand it cannot serve: each type's only as far as it must (max-min, the "
+                        "default) or every type's by one factor (uniform); the paper does not say which")
     p.add_argument("--seconds", type=int, default=None, help="only the trace's first N seconds (default: all)")
     p.add_argument("--fig6-qps", type=float, default=1000.0, help="Fig. 6's constant load (default: 1000)")
     p.add_argument("--fig6-s", type=float, default=60.0, help="Fig. 6's length in seconds (default: 60)")

@@ -15,7 +15,7 @@ strategy, run in the simulator over a heterogeneous cluster; and the paper's met
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,6 +37,12 @@ from scheduler_sidecar.systems.proteus.policy import Proteus
 
 STATIC_DEMAND_QPS = 1e6  # Clipper plans for "as much as it can" of the trace's mix: the MILP scales this down
 METRIC_WINDOW_S = 10  # the artifact's window for the maximum accuracy drop
+
+
+def for_the_mix(config: ProteusConfig) -> ProteusConfig:
+    """A plan for "as much as the cluster serves of a mix" (Clipper's one plan, a capacity): every type lowered by one
+    factor, so the plan keeps the mix's proportions whatever rule re-plans live."""
+    return replace(config, overload="uniform")
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,8 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
         planner: ProteusPlanner = InfaasPlanner(profiles, list(enumerate(kinds)), slo, setup.config,
                                                 initial_demand=initial_demand, period_s=system.infaas_period_s)
     else:
-        planner = ProteusPlanner(profiles, list(enumerate(kinds)), slo, setup.config, initial_demand=initial_demand,
+        config = for_the_mix(setup.config) if system.static else setup.config
+        planner = ProteusPlanner(profiles, list(enumerate(kinds)), slo, config, initial_demand=initial_demand,
                                  allowed=allowed, fixed_types=system.fixed_types, static=system.static,
                                  uniform_routing=system.uniform_routing)
     policies = {f: Proteus(p, query_type=f, batching=system.batching, device=kinds[0]) for f, p in profiles.items()}
@@ -163,8 +170,8 @@ def capacity_qps(setup: Setup, mix: Mapping[str, float], variants: str = "all") 
     kinds = [k for k, n in setup.cluster.items() for _ in range(n)]
     profiles = {f: setup.profiles[f] for f in mix}
     allowed = _most_accurate(setup, profiles) if variants == "ha" else None
-    planner = ProteusPlanner(profiles, list(enumerate(kinds)), {f: setup.slo_of(f) for f in profiles}, setup.config,
-                             initial_demand={f: STATIC_DEMAND_QPS * share for f, share in mix.items()},
+    planner = ProteusPlanner(profiles, list(enumerate(kinds)), {f: setup.slo_of(f) for f in profiles},
+                             for_the_mix(setup.config), initial_demand={f: STATIC_DEMAND_QPS * share for f, share in mix.items()},
                              allowed=allowed, static=True)
     return float(sum(planner.plan(0, None).detail.solution.served.values()))
 

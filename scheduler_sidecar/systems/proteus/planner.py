@@ -66,7 +66,7 @@ class ProteusConfig:
     headroom: float = milp.HEADROOM
     overload_step: float = milp.OVERLOAD_STEP
     overload_floor: float = milp.OVERLOAD_FLOOR
-    overload: str = "uniform"  # milp.OVERLOAD_RULES: how an overload lowers the demand
+    overload: str = milp.DEFAULT_OVERLOAD  # milp.OVERLOAD_RULES: how an overload lowers the demand (its module note)
     time_limit_s: float = milp.TIME_LIMIT_S
 
 
