@@ -180,3 +180,16 @@ def test_clipper_ht_planned_accuracy_on_the_authors_profile():
     mix = load_counts().mean_mix()
     ht = sum(mix[f] * p.variants[0].accuracy for f, p in profiles.items())
     assert 100 * ht == pytest.approx(81.3, abs=0.1)
+
+
+def test_a_headroom_above_one_is_given_up_before_any_demand_is():
+    """The artifact's beta: Sommelier plans 1.5x capacity where it can, less where it cannot, and sheds demand only
+    once even 1x is out of reach."""
+    options = (milp.Option("q", "hi", "k", 0.9, 10.0, 1),)
+    pools = (milp.Pool("k", 2),)
+    roomy = milp.plan(milp.Problem(pools, options, {"q": 12.0}, milp.ARTIFACT_SOMMELIER_HEADROOM))
+    assert roomy.scale == 1.0 and roomy.replicas[0, "hi"] == 2  # 20 q/s >= 1.5 x 12: the headroom holds
+    tight = milp.plan(milp.Problem(pools, options, {"q": 16.0}, milp.ARTIFACT_SOMMELIER_HEADROOM))
+    assert tight.scale == 1.0 and tight.demand["q"] == pytest.approx(16.0)  # 1.25 x 16 = 20: headroom given up
+    over = milp.plan(milp.Problem(pools, options, {"q": 25.0}, milp.ARTIFACT_SOMMELIER_HEADROOM))
+    assert over.demand["q"] == pytest.approx(20.0, rel=1e-5) and over.scale < 1  # then the demand, to 1x capacity

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
 
 from scheduler_sidecar.cli import main
-from scheduler_sidecar.experiments.claims import Claim
+from scheduler_sidecar.experiments.claims import Claim, least
 from scheduler_sidecar.experiments.proteus.data import (
     BURSTY,
     PAPER_CLUSTER,
@@ -20,13 +22,15 @@ from scheduler_sidecar.experiments.proteus.reproduce import (
     BATCHING,
     GAMMA_SHAPE,
     OVERLOADED,
+    as_coded,
     beyond_fig4s_load,
     bursts,
     classified,
     constant_arrivals,
     load_levels,
+    overloaded_sommelier,
 )
-from scheduler_sidecar.experiments.proteus.systems import ABLATIONS, ARTIFACT_INFAAS, SYSTEMS, Setup
+from scheduler_sidecar.experiments.proteus.systems import ABLATIONS, ARTIFACT, ARTIFACT_INFAAS, SYSTEMS, Setup
 
 # What this short run (the trace's first 10 s; Fig. 6 over 2 s) says of each claim. A claim that holds is held; one
 # that does not is held as not holding, with why: a change either way fails here until the list is updated.
@@ -69,12 +73,15 @@ def test_reproduce_proteus_writes_every_figure(tmp_path, capsys):
     for name in ("summary.md", *(f"fig{k}.{ext}" for k in (4, 5, 6, 7, 8) for ext in ("csv", "png"))):
         assert (out / name).stat().st_size > 0
     fig4 = {(r["load"], r["system"]): r for r in result["fig4"]}
-    assert {s for _, s in fig4} == {*SYSTEMS, ARTIFACT_INFAAS.name} and {ld for ld, _ in fig4} == {"trace", "x1.6"}
+    coded = {a.name for a in ARTIFACT.values()}  # the systems as the authors' code runs them, beside the text's
+    assert ARTIFACT_INFAAS.name in coded and {s for _, s in fig4} == {*SYSTEMS, *coded}
+    assert {ld for ld, _ in fig4} == {"trace", "x1.6"}
     assert {r["system"] for r in result["fig7"]} == {"proteus", *ABLATIONS}
     assert {r["load"] for r in result["fig7"]} == {"trace", "x1.6", OVERLOADED}
     assert [r["system"] for r in result["fig5"]] == [*SYSTEMS, "proteus (artifact settings)", ARTIFACT_INFAAS.name]
     assert len(result["fig6"]) == 4 * len(BATCHING)  # uniform at two loads
-    assert {(r["slo_multiple"], r["system"]) for r in result["fig8"]} == {(k, s) for k in (1.0, 3.0) for s in SYSTEMS}
+    assert {(r["slo_multiple"], r["system"]) for r in result["fig8"]} == {(k, s) for k in (1.0, 3.0)
+                                                                         for s in (*SYSTEMS, *coded)}
     for load in ("trace", "x1.6"):  # the least accurate variants cost about 18 points
         assert fig4[load, "clipper-ht"]["accuracy"] < fig4[load, "proteus"]["accuracy"] - 15
         assert fig4[load, "proteus"]["late"] == 0
@@ -178,3 +185,40 @@ def test_a_fig4_ratio_that_holds_on_the_papers_load_and_fails_heavier_is_the_loa
     assert beyond_fig4s_load(on_the_trace, fig4).cause == ""  # the paper's own load: not the load's
     fig4 = [r for r in fig4 if r["system"] != ARTIFACT_INFAAS.name]  # and no run that holds on the trace: nothing
     assert beyond_fig4s_load(heavy, fig4).cause == ""
+
+
+def test_a_fig7_claim_that_fails_overloaded_and_holds_on_a_lighter_overload_is_the_loads():
+    loads = [{"load": name, "factor": f, "peak_over_ha_capacity": f * 1.1, "peak_over_any_capacity": f * 0.35,
+              "ha_capacity_qps": 954.0, "seconds_over_ha_capacity": 26} for name, f in
+             (("trace", 0.8), ("x1.6", 1.6), (OVERLOADED, 2.9))]
+    found = classified([Claim("fig7.trace.wo_mp_largest_drop", "s", "p", "w/o MP 2.3 > proteus 0.5", True),
+                        Claim("fig7.x1.6.wo_mp_largest_drop", "s", "p", "w/o MP 5.7 > proteus 2.1", True),
+                        Claim(f"fig7.{OVERLOADED}.wo_mp_largest_drop", "s", "p", "proteus 17.7 > w/o MP 12.9", False)],
+                       loads)
+    cause = found[2].cause
+    assert cause.startswith("inputs: the load (the paper overloads its system by a factor it does not give): at x1.6")
+    assert "w/o MP 5.7 > proteus 2.1" in cause and "peak 1.015x what the cluster serves on any variants" in cause
+    trace_only = [replace(found[1], holds=False, cause=""), found[2].because("")]  # no lighter overload holds: none
+    assert [c.cause for c in classified([found[0].because(""), *trace_only], loads)][1:] == ["", ""]
+
+
+def test_a_claim_that_holds_as_the_authors_code_runs_the_systems_is_the_papers():
+    rows = {"proteus": {"v": 0.023}, "sommelier": {"v": 0.037}, "infaas-accuracy": {"v": 0.017},
+            ARTIFACT["proteus"].name: {"v": 0.018}, ARTIFACT["sommelier"].name: {"v": 0.069},
+            ARTIFACT["infaas-accuracy"].name: {"v": 0.040}}
+    check = partial(least, "fig8.x3.5.fewest_violations", "s", "p", expected="proteus")
+    text = check({s: rows[s]["v"] for s in ("proteus", "sommelier", "infaas-accuracy")})
+    cause = as_coded(text, rows, "v", ("proteus", "sommelier", "infaas-accuracy"), check).cause
+    assert not text.holds and cause.startswith("the paper: as the authors' code runs them") and "proteus (0.018)" in cause
+    rows[ARTIFACT["proteus"].name]["v"] = 0.05  # fails that way too: what was tried
+    cause = as_coded(text, rows, "v", ("proteus", "sommelier", "infaas-accuracy"), check).cause
+    assert cause.startswith("unclassified: as the authors' code runs them") and "it fails too" in cause
+
+
+def test_sommelier_against_proteus_overloaded_is_fig7s_wo_mp():
+    fig7 = [{"load": OVERLOADED, "system": "proteus", "violation_ratio": 0.035},
+            {"load": OVERLOADED, "system": "w/o MP", "violation_ratio": 0.0999}]
+    claim = Claim("fig4.trace.violations_sommelier_over_proteus", "s", ">= 2.8x", "1.06x", False)
+    assert "violates 2.85x Proteus'" in overloaded_sommelier(claim, fig7).cause
+    fig7[1]["violation_ratio"] = 0.05  # 1.43x: not the load either
+    assert overloaded_sommelier(claim, fig7).cause == ""

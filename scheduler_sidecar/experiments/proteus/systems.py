@@ -27,6 +27,7 @@ from scheduler_sidecar.experiments.proteus.infaas import InfaasPlanner
 from scheduler_sidecar.sim.results import OUTCOME_CODES, SimResult
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
+from scheduler_sidecar.systems.proteus import milp
 from scheduler_sidecar.systems.proteus.planner import (
     ProteusConfig,
     ProteusPlanner,
@@ -55,6 +56,8 @@ class System:
     uniform_routing: bool = False
     planner: str = "proteus"  # or "infaas" (INFaaS-Accuracy's greedy autoscaler)
     infaas_period_s: float = INFAAS_PERIOD_S  # how often INFaaS-Accuracy's autoscaler runs (the artifact's: 10 s)
+    headroom: float | None = None  # the MILP's planned capacity over demand (its beta), where not the setup's
+    period_s: float | None = None  # the MILP's re-planning period, where not the setup's
 
 
 SYSTEMS = {s.name: s for s in (
@@ -68,6 +71,13 @@ SYSTEMS = {s.name: s for s in (
 # second's counts), where the paper has INFaaS decide as load arrives
 ARTIFACT_INFAAS = System("infaas-accuracy (artifact: every 10 s)", batching="nexus", planner="infaas",
                          infaas_period_s=10.0)
+# Proteus and Sommelier as the artifact runs them (digest A.4, A.7): their MILP re-planned every 10 s with beta 1.05
+# and 1.5 (headroom given up before demand when it cannot be had); with ARTIFACT_INFAAS, the authors' code's systems,
+# keyed by the name the text gives each
+ARTIFACT_PROTEUS = System("proteus (artifact: beta 1.05, every 10 s)", headroom=milp.ARTIFACT_HEADROOM, period_s=10.0)
+ARTIFACT_SOMMELIER = System("sommelier (artifact: beta 1.5, every 10 s)", fixed_types=True,
+                            headroom=milp.ARTIFACT_SOMMELIER_HEADROOM, period_s=10.0)
+ARTIFACT = {"proteus": ARTIFACT_PROTEUS, "sommelier": ARTIFACT_SOMMELIER, "infaas-accuracy": ARTIFACT_INFAAS}
 ABLATIONS = {s.name: s for s in (
     System("w/o MS", variants="ha"),
     System("w/o MP", fixed_types=True),
@@ -106,7 +116,7 @@ class Run:
 def settings(name: str, system: System, setup: Setup) -> dict:
     """What ``system`` runs with under ``setup``, as :func:`simulate_queries` applies it: a comparison's settings side
     by side, read from the run's own objects."""
-    c = setup.config
+    c = _config(system, setup.config)
     return {"system": name, "devices": " ".join(f"{n} {k}" for k, n in setup.cluster.items()),
             "slo_ms": setup.slo_ms if isinstance(setup.slo_ms, (int, float)) else "per family",
             "planner": "none (one plan)" if system.static else system.planner,
@@ -147,7 +157,7 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
         planner: ProteusPlanner = InfaasPlanner(profiles, list(enumerate(kinds)), slo, setup.config,
                                                 initial_demand=initial_demand, period_s=system.infaas_period_s)
     else:
-        config = for_the_mix(setup.config) if system.static else setup.config
+        config = for_the_mix(_config(system, setup.config)) if system.static else _config(system, setup.config)
         planner = ProteusPlanner(profiles, list(enumerate(kinds)), slo, config, initial_demand=initial_demand,
                                  allowed=allowed, fixed_types=system.fixed_types, static=system.static,
                                  uniform_routing=system.uniform_routing)
@@ -156,6 +166,12 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
                                                                                           names)
     index = {f: i for i, f in enumerate(families)}
     return Run(system.name, result, np.array([index[n] for n in names], dtype=np.int64), families, planner.plans)
+
+
+def _config(system: System, config: ProteusConfig) -> ProteusConfig:
+    """The setup's planner settings with the system's own headroom and period, where it has them."""
+    return replace(config, **{k: v for k, v in (("headroom", system.headroom), ("period_s", system.period_s))
+                              if v is not None})
 
 
 def _most_accurate(setup: Setup, profiles: Mapping[str, Profile]) -> dict[str, frozenset[str]]:

@@ -23,6 +23,9 @@ cluster serves least caps every type's share, so Sommelier (w/o MP), whose worke
 most accurate variants, where the paper's Sommelier "switch[es] out a high accuracy model variant for a low accuracy
 variant when high throughput is needed" and drops 16%. The artifact lowers instead the share of the total demand
 served (its beta), which, like max-min, lets the types the cluster can serve be served.
+
+A headroom above 1 (the artifact's beta: 1.05 for Proteus, 1.5 for Sommelier) is given up first, in steps of 0.05
+down to 1, as the artifact lowers its beta before it serves less than the demand; only then is the demand lowered.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ MAX_MIN_TOLERANCE = 1e-4  # a type whose share cannot rise above the common one 
 # the paper plans capacity equal to demand (beta = 1); the artifact asks 5% headroom (beta = 1.05)
 HEADROOM = 1.0
 ARTIFACT_HEADROOM = 1.05
+ARTIFACT_SOMMELIER_HEADROOM = 1.5  # the artifact's Sommelier plans with beta = 1.5
+HEADROOM_STEP = 0.05  # headroom given up per step when a demand cannot be served with it (the artifact's beta step)
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,21 @@ def plan(problem: Problem, *, step: float = OVERLOAD_STEP, floor: float = OVERLO
     solution = solve(problem, time_limit_s=time_limit_s)
     if solution is not None:
         return solution
+    if problem.headroom > 1:  # headroom is given up before demand is (the artifact's beta: module note)
+        grid = [problem.headroom - HEADROOM_STEP * j
+                for j in range(1, math.ceil((problem.headroom - 1) / HEADROOM_STEP - 1e-9))] + [1.0]
+        lo, hi = 0, len(grid) - 1  # feasibility is monotone as the headroom falls: the first feasible step
+        if solve(replace(problem, headroom=1.0), time_limit_s=time_limit_s, spread=False) is not None:
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if solve(replace(problem, headroom=grid[mid]), time_limit_s=time_limit_s, spread=False) is None:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            solution = solve(replace(problem, headroom=grid[lo]), time_limit_s=time_limit_s)
+            if solution is not None:
+                return replace(solution, solve_s=time.perf_counter() - started)
+        problem = replace(problem, headroom=1.0)
     if overload == "max-min":
         shares = max_min_shares(problem, time_limit_s=time_limit_s)
         # the shares a hair lower for the solver's tolerance, as the uniform rule's last resort is
