@@ -4,6 +4,7 @@ and the sidecar bench's accounting of sampled stacks."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -78,6 +79,9 @@ def test_a_triton_that_ended_is_reported_with_the_line_that_says_why():
 
     assert overload_bench.exit_cause(Ended()) == \
         "signal 6: terminate called after throwing an instance of 'boost::interprocess::lock_exception'"
+    earlier = Ended()  # an error logged before the abort does not hide it
+    earlier.tail = "E1128 model.cc] error: a request failed\n" + Ended.tail
+    assert overload_bench.exit_cause(earlier) == overload_bench.exit_cause(Ended())
     quiet = Ended()
     quiet.returncode, quiet.tail = 1, "I1128 stopped\n"
     assert overload_bench.exit_cause(quiet) == "exit status 1"
@@ -107,7 +111,7 @@ def test_overload_bench_accounts_for_every_request_and_loses_none(capsys):
     # seen once in a fresh clone's suite) is down for real and named in triton_exits; no worker that still ran was
     # marked down
     assert out["lost"] == 0 and out["false_worker_down"] == 0 and out["worker_down_samples"] == 0
-    assert all(cause for cause in out["triton_exits"].values())
+    assert all(re.match(r"(signal|exit status) -?\d+", cause) for cause in out["triton_exits"].values())
     assert out["peak_rss_mb"] >= out["rss_start_mb"] > 0 and out["queue_samples"] > 0
 
 

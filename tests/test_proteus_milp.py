@@ -187,9 +187,16 @@ def test_a_headroom_above_one_is_given_up_before_any_demand_is():
     once even 1x is out of reach."""
     options = (milp.Option("q", "hi", "k", 0.9, 10.0, 1),)
     pools = (milp.Pool("k", 2),)
-    roomy = milp.plan(milp.Problem(pools, options, {"q": 12.0}, milp.ARTIFACT_SOMMELIER_HEADROOM))
-    assert roomy.scale == 1.0 and roomy.replicas[0, "hi"] == 2  # 20 q/s >= 1.5 x 12: the headroom holds
-    tight = milp.plan(milp.Problem(pools, options, {"q": 16.0}, milp.ARTIFACT_SOMMELIER_HEADROOM))
-    assert tight.scale == 1.0 and tight.demand["q"] == pytest.approx(16.0)  # 1.25 x 16 = 20: headroom given up
-    over = milp.plan(milp.Problem(pools, options, {"q": 25.0}, milp.ARTIFACT_SOMMELIER_HEADROOM))
+
+    def planned(demand: float, floor: float | None = milp.ARTIFACT_HEADROOM_FLOOR) -> milp.Solution:
+        return milp.plan(milp.Problem(pools, options, {"q": demand}, milp.ARTIFACT_SOMMELIER_HEADROOM),
+                         headroom_floor=floor)
+
+    roomy = planned(12.0)
+    assert roomy.scale == 1.0 and roomy.headroom == 1.5  # 20 q/s >= 1.5 x 12: the headroom holds
+    tight = planned(16.0)  # 1.25 x 16 = 20: headroom given up to 1.25, no demand
+    assert tight.scale == 1.0 and tight.demand["q"] == pytest.approx(16.0) and tight.headroom == pytest.approx(1.25)
+    over = planned(25.0)
     assert over.demand["q"] == pytest.approx(20.0, rel=1e-5) and over.scale < 1  # then the demand, to 1x capacity
+    kept = planned(16.0, floor=None)  # without a floor (the paper's Proteus, Loki's comparisons) demand goes first
+    assert kept.headroom == 1.5 and kept.demand["q"] == pytest.approx(20.0 / 1.5, rel=1e-5)

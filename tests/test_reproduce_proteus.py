@@ -179,7 +179,7 @@ def test_a_fig4_ratio_that_holds_on_the_papers_load_and_fails_heavier_is_the_loa
         ("x1.6", "proteus", 0.0185), ("x1.6", "infaas-accuracy", 0.0258), ("x1.6", ARTIFACT_INFAAS.name, 0.0496))]
     heavy = Claim("fig4.x1.6.violations_infaas-accuracy_over_proteus", "s", ">= 4.3x", "1.39x", False)
     cause = beyond_fig4s_load(heavy, fig4).cause
-    assert cause.startswith("inputs: the load: on Fig. 4's own load") and "violates 5.20x Proteus'" in cause
+    assert cause.startswith("inputs: the load: on the trace at its own speed") and "violates 5.20x Proteus'" in cause
     assert "Proteus' violations are 2.28x the trace's" in cause and "(2.68x Proteus')" in cause
     on_the_trace = Claim("fig4.trace.violations_infaas-accuracy_over_proteus", "s", ">= 4.3x", "2.35x", False)
     assert beyond_fig4s_load(on_the_trace, fig4).cause == ""  # the paper's own load: not the load's

@@ -330,7 +330,7 @@ class Watch:
         self._interval_s = interval_s
         self.rss: list[tuple[float, float]] = []  # (time s, MiB)
         self.queue_depth: list[float] = []
-        self.down_samples: Counter[str] = Counter()  # endpoint -> /metrics samples that had it down
+        self.down: list[frozenset[str]] = []  # per /metrics sample, the endpoints it had down
         self.scrape_failures = 0
         self.start = time.perf_counter()
         self._stop = threading.Event()
@@ -362,8 +362,8 @@ class Watch:
                 self.scrape_failures += 1
                 continue
             self.queue_depth.append(sum(m.get("accscale_queue_depth", {}).values()))
-            for labels, healthy in m.get("accscale_worker_healthy", {}).items():
-                self.down_samples[dict(labels)["endpoint"]] += healthy == 0
+            self.down.append(frozenset(dict(labels)["endpoint"] for labels, healthy in
+                                       m.get("accscale_worker_healthy", {}).items() if healthy == 0))
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far of this process (the client), the sidecar, Triton with its children, and the
@@ -406,11 +406,12 @@ def outcomes(before: dict, after: dict) -> dict[str, int]:
 
 
 def exit_cause(triton: TritonServer) -> str:
-    """Why a Triton that ended on its own did: its exit status and the first line of its log's tail that names a
-    failure (an abort's exception, a signal), if any."""
+    """Why a Triton that ended on its own did: its exit status and the line of its log's tail that says most (an
+    abort's exception before its signal, before any other error), if any."""
     status = triton.returncode
-    said = next((line.strip() for line in triton.log_tail(40).splitlines()
-                 if any(k in line for k in ("terminate called", "what():", "Signal (", "error", "Error"))), "")
+    lines = triton.log_tail(40).splitlines()
+    said = next((line.strip() for key in ("terminate called", "what():", "Signal (", "error", "Error")
+                 for line in lines if key in line), "")
     how = f"signal {-status}" if status < 0 else f"exit status {status}"
     return f"{how}: {said}" if said else how
 
@@ -517,7 +518,7 @@ def overload(args: argparse.Namespace, progress=lambda msg: None) -> dict:
         "sidecar_outcomes": outcomes(before, after),
         "lost": summaries["overload"]["lost"] + summaries["recovery"]["lost"],
         "false_worker_down": int(sum(n for url, n in failures.items() if url not in exits)),
-        "worker_down_samples": sum(n for url, n in watch.down_samples.items() if url not in exits),
+        "worker_down_samples": sum(bool(down - exits.keys()) for down in watch.down),
         "triton_exits": exits,
         "peak_queue_depth": max(watch.queue_depth, default=None), "queue_samples": len(watch.queue_depth),
         "scrape_failures": watch.scrape_failures,

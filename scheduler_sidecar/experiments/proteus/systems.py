@@ -57,6 +57,7 @@ class System:
     planner: str = "proteus"  # or "infaas" (INFaaS-Accuracy's greedy autoscaler)
     infaas_period_s: float = INFAAS_PERIOD_S  # how often INFaaS-Accuracy's autoscaler runs (the artifact's: 10 s)
     headroom: float | None = None  # the MILP's planned capacity over demand (its beta), where not the setup's
+    headroom_floor: float | None = None  # ... given up to this before demand is, under overload (milp's note)
     period_s: float | None = None  # the MILP's re-planning period, where not the setup's
 
 
@@ -74,9 +75,11 @@ ARTIFACT_INFAAS = System("infaas-accuracy (artifact: every 10 s)", batching="nex
 # Proteus and Sommelier as the artifact runs them (digest A.4, A.7): their MILP re-planned every 10 s with beta 1.05
 # and 1.5 (headroom given up before demand when it cannot be had); with ARTIFACT_INFAAS, the authors' code's systems,
 # keyed by the name the text gives each
-ARTIFACT_PROTEUS = System("proteus (artifact: beta 1.05, every 10 s)", headroom=milp.ARTIFACT_HEADROOM, period_s=10.0)
+ARTIFACT_PROTEUS = System("proteus (artifact: beta 1.05, every 10 s)", headroom=milp.ARTIFACT_HEADROOM,
+                          headroom_floor=milp.ARTIFACT_HEADROOM_FLOOR, period_s=10.0)
 ARTIFACT_SOMMELIER = System("sommelier (artifact: beta 1.5, every 10 s)", fixed_types=True,
-                            headroom=milp.ARTIFACT_SOMMELIER_HEADROOM, period_s=10.0)
+                            headroom=milp.ARTIFACT_SOMMELIER_HEADROOM, headroom_floor=milp.ARTIFACT_HEADROOM_FLOOR,
+                            period_s=10.0)
 ARTIFACT = {"proteus": ARTIFACT_PROTEUS, "sommelier": ARTIFACT_SOMMELIER, "infaas-accuracy": ARTIFACT_INFAAS}
 ABLATIONS = {s.name: s for s in (
     System("w/o MS", variants="ha"),
@@ -170,8 +173,8 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
 
 def _config(system: System, config: ProteusConfig) -> ProteusConfig:
     """The setup's planner settings with the system's own headroom and period, where it has them."""
-    return replace(config, **{k: v for k, v in (("headroom", system.headroom), ("period_s", system.period_s))
-                              if v is not None})
+    own = {"headroom": system.headroom, "headroom_floor": system.headroom_floor, "period_s": system.period_s}
+    return replace(config, **{k: v for k, v in own.items() if v is not None})
 
 
 def _most_accurate(setup: Setup, profiles: Mapping[str, Profile]) -> dict[str, frozenset[str]]:

@@ -24,8 +24,10 @@ most accurate variants, where the paper's Sommelier "switch[es] out a high accur
 variant when high throughput is needed" and drops 16%. The artifact lowers instead the share of the total demand
 served (its beta), which, like max-min, lets the types the cluster can serve be served.
 
-A headroom above 1 (the artifact's beta: 1.05 for Proteus, 1.5 for Sommelier) is given up first, in steps of 0.05
-down to 1, as the artifact lowers its beta before it serves less than the demand; only then is the demand lowered.
+With a ``headroom_floor`` below the headroom (the artifact's beta: 1.05 for Proteus, 1.5 for Sommelier, given up
+down to 1), the headroom is given up first, in steps of 0.05 down to the floor, as the artifact lowers its beta
+before it serves less than the demand; only then is the demand lowered. Without one (the paper's Proteus, Loki's
+comparisons) the headroom is kept and the demand lowered.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ GAP_REL = 1e-9  # the search stops this close to the optimum
 OVERLOAD_STEP = 0.05  # share of the measured demand taken off per step when it cannot be served
 OVERLOAD_FLOOR = 0.2  # the artifact's lowest demand scale
 # how an overload lowers the demand (§4: "decreasing s_q by a small value" says not which q): "uniform" lowers every
-# type's by one factor, so the type the cluster serves least of sets every type's share (the default, as before);
-# "max-min" lowers each type's only as far as it must (progressive filling: the types that cannot be served more are
-# held at their share, the others raised further), then the accuracy is best for what is served
+# type's by one factor, so the type the cluster serves least of sets every type's share; "max-min" (the default)
+# lowers each type's only as far as it must (progressive filling: the types that cannot be served more are held at
+# their share, the others raised further), then the accuracy is best for what is served. OVERLOAD_STEP and
+# OVERLOAD_FLOOR are the uniform rule's
 OVERLOAD_RULES = ("uniform", "max-min")
 DEFAULT_OVERLOAD = "max-min"  # the module note
 MAX_MIN_TOLERANCE = 1e-4  # a type whose share cannot rise above the common one by more than this is held
@@ -59,6 +62,7 @@ MAX_MIN_TOLERANCE = 1e-4  # a type whose share cannot rise above the common one 
 HEADROOM = 1.0
 ARTIFACT_HEADROOM = 1.05
 ARTIFACT_SOMMELIER_HEADROOM = 1.5  # the artifact's Sommelier plans with beta = 1.5
+ARTIFACT_HEADROOM_FLOOR = 1.0  # the artifact gives its beta up to 1 before it serves less than the demand
 HEADROOM_STEP = 0.05  # headroom given up per step when a demand cannot be served with it (the artifact's beta step)
 
 
@@ -111,6 +115,7 @@ class Solution:
     optimal: bool  # False: the time limit stopped the search; ``gap`` says how far the incumbent may be
     gap: float
     solve_s: float
+    headroom: float = HEADROOM  # the planned capacity over the served rate it was planned with
 
     @property
     def accuracy(self) -> float:
@@ -207,7 +212,7 @@ def solve(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S, spread: bool 
         return None
     served = {k: max(0.0, var.value() or 0.0) / factor for k, var in v.items()}
     return Solution({k: c for k, c in replicas.items() if c}, {k: s for k, s in served.items() if s > 1e-9},
-                    dict(problem.demand), 1.0, objective, optimal, gap, seconds)
+                    dict(problem.demand), 1.0, objective, optimal, gap, seconds, problem.headroom)
 
 
 def max_scale(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S,
@@ -237,28 +242,35 @@ def max_min_shares(problem: Problem, *, time_limit_s: float = TIME_LIMIT_S) -> d
 
 
 def plan(problem: Problem, *, step: float = OVERLOAD_STEP, floor: float = OVERLOAD_FLOOR,
-         time_limit_s: float = TIME_LIMIT_S, overload: str = DEFAULT_OVERLOAD) -> Solution:
-    """:func:`solve`, lowering the demand when it cannot all be served: in ``step``s of every type's (``overload``
-    "uniform"), or each type's as far as it must ("max-min"; module note)."""
+         time_limit_s: float = TIME_LIMIT_S, overload: str = DEFAULT_OVERLOAD,
+         headroom_floor: float | None = None) -> Solution:
+    """:func:`solve`; where the demand cannot all be served, the headroom given up first down to ``headroom_floor``
+    (if any), then the demand lowered: in ``step``s of every type's (``overload`` "uniform"), or each type's as far as
+    it must ("max-min"; module note)."""
     started = time.perf_counter()
     solution = solve(problem, time_limit_s=time_limit_s)
     if solution is not None:
         return solution
-    if problem.headroom > 1:  # headroom is given up before demand is (the artifact's beta: module note)
-        grid = [problem.headroom - HEADROOM_STEP * j
-                for j in range(1, math.ceil((problem.headroom - 1) / HEADROOM_STEP - 1e-9))] + [1.0]
-        lo, hi = 0, len(grid) - 1  # feasibility is monotone as the headroom falls: the first feasible step
-        if solve(replace(problem, headroom=1.0), time_limit_s=time_limit_s, spread=False) is not None:
+    if headroom_floor is not None and problem.headroom > headroom_floor:
+        lowest = replace(problem, headroom=headroom_floor)
+        grid = [problem.headroom - HEADROOM_STEP * j for j in
+                range(1, math.ceil((problem.headroom - headroom_floor) / HEADROOM_STEP - 1e-9))] + [headroom_floor]
+        # feasibility is monotone as the headroom falls: bisect for the first feasible step (the floor's is known)
+        if len(grid) == 1 or solve(lowest, time_limit_s=time_limit_s, spread=False) is not None:
+            lo, hi = 0, len(grid) - 1
             while lo < hi:
                 mid = (lo + hi) // 2
                 if solve(replace(problem, headroom=grid[mid]), time_limit_s=time_limit_s, spread=False) is None:
                     lo = mid + 1
                 else:
                     hi = mid
-            solution = solve(replace(problem, headroom=grid[lo]), time_limit_s=time_limit_s)
+            solution = solve(replace(problem, headroom=grid[lo]), time_limit_s=time_limit_s) or (
+                solve(lowest, time_limit_s=time_limit_s) if lo < len(grid) - 1 else None)
             if solution is not None:
+                log.info("proteus MILP: headroom %.2f cannot be had; planned with %.2f", problem.headroom,
+                         solution.headroom)
                 return replace(solution, solve_s=time.perf_counter() - started)
-        problem = replace(problem, headroom=1.0)
+        problem = lowest
     if overload == "max-min":
         shares = max_min_shares(problem, time_limit_s=time_limit_s)
         # the shares a hair lower for the solver's tolerance, as the uniform rule's last resort is

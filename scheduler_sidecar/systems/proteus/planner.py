@@ -64,6 +64,7 @@ class ProteusConfig:
     min_demand_qps: float = 1.0
     capacity: CapacityRule = PAPER
     headroom: float = milp.HEADROOM
+    headroom_floor: float | None = None  # under overload the headroom falls to this before demand does (milp's note)
     overload_step: float = milp.OVERLOAD_STEP
     overload_floor: float = milp.OVERLOAD_FLOOR
     overload: str = milp.DEFAULT_OVERLOAD  # milp.OVERLOAD_RULES: how an overload lowers the demand (its module note)
@@ -81,6 +82,8 @@ class ProteusConfig:
         for key in ("ewma_window_s", "burst_s"):
             if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
                 raise ValueError(f"proteus: {key} must be a whole number >= 1, got {getattr(self, key)!r}")
+        if self.headroom_floor is not None and not 0 < self.headroom_floor <= self.headroom:
+            raise ValueError(f"proteus: headroom_floor must be in (0, headroom], got {self.headroom_floor!r}")
         if self.overload not in milp.OVERLOAD_RULES:
             raise ValueError(f"proteus: overload must be one of {milp.OVERLOAD_RULES}, got {self.overload!r}")
         if self.burst_window not in BURST_WINDOWS:
@@ -227,7 +230,8 @@ class ProteusPlanner(Planner):
         problem = milp.Problem(pools, self.options, {q: max(s, floor) for q, s in measured.items() if q in servable},
                                self.config.headroom)
         solution = milp.plan(problem, step=self.config.overload_step, floor=self.config.overload_floor,
-                             time_limit_s=self.config.time_limit_s, overload=self.config.overload)
+                             time_limit_s=self.config.time_limit_s, overload=self.config.overload,
+                             headroom_floor=self.config.headroom_floor)
         placement = self._place(pools, pool_of, solution)
         with self._lock:
             self._planned, self._last_plan_us = measured, now_us
