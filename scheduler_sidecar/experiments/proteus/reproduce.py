@@ -588,8 +588,9 @@ def as_coded(claim: Claim, rows: Mapping[str, dict], metric: str, systems: Seque
 def _coded_settings() -> str:
     """How ARTIFACT's systems are set, from their own settings."""
     p, m, i = ARTIFACT["proteus"], ARTIFACT["sommelier"], ARTIFACT["infaas-accuracy"]
-    return (f"Proteus' and Sommelier's MILP every {p.period_s:g} and {m.period_s:g} s, planned with headroom "
-            f"{p.headroom:g} and {m.headroom:g} where it can be had, INFaaS-Accuracy every {i.infaas_period_s:g} s")
+    every = f"{p.period_s:g} s" if p.period_s == m.period_s else f"{p.period_s:g} and {m.period_s:g} s"
+    return (f"Proteus' and Sommelier's MILP every {every}, planned with headroom {p.headroom:g} and {m.headroom:g} "
+            f"where it can be had, INFaaS-Accuracy every {i.infaas_period_s:g} s")
 
 
 def _artifact_infaas(coded: float, against: str, text: float) -> str:
