@@ -10,6 +10,7 @@ strategy, run in the simulator over a heterogeneous cluster; and the paper's met
 | w/o AB | MILP | batch size 1 |
 | w/o QA | MILP, routing even over a type's replicas | adaptive |
 | infaas-accuracy | greedy autoscaler every second (:mod:`.infaas`) | work-conserving up to B_max |
+| ARTIFACT: proteus, sommelier, infaas-accuracy as the authors' code runs them | as above, every 10 s; Proteus with headroom 1.05, Sommelier 1.5, each given up to 1 before demand | as above |
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def settings(name: str, system: System, setup: Setup) -> dict:
             "planner": "none (one plan)" if system.static else system.planner,
             "period_s": system.infaas_period_s if system.planner == "infaas" else c.period_s,
             "ewma_com": c.ewma_com, "headroom": c.headroom,
+            "overload": for_the_mix(c).overload if system.static else c.overload,
             "variants": {"all": "all", "ha": "most accurate feasible", "ht": "least accurate"}[system.variants],
             "batching": system.batching, "types per device": "fixed" if system.fixed_types else "any",
             "routing": "uniform" if system.uniform_routing else "planned"}
