@@ -6,9 +6,11 @@ from dataclasses import replace
 
 import pytest
 
+from scheduler_sidecar.core.placement import Placement
 from scheduler_sidecar.core.plan import Demand, Plan, Planner, Scope
 from scheduler_sidecar.core.profile import Actuation
-from scheduler_sidecar.core.records import BatchResult, Decision, Query
+from scheduler_sidecar.core.records import BatchResult, Decision, Query, WorkerState
+from scheduler_sidecar.core.worker_table import WorkerTable
 from scheduler_sidecar.errors import PolicyError
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
@@ -241,3 +243,24 @@ def test_a_batchs_follow_ups_all_queue_before_the_next_stage_decides():
     sizes = {stage: [r.batch_size for r in result.batches if r.variant_id.startswith(stage)] for stage in "ab"}
     assert sizes["a"] == [1, 2] and sizes["b"] == sizes["a"]
     assert result.summary()["met"] == 3 and len(result.follow_ups) == 3
+
+
+def test_a_plans_instance_counts_go_to_each_server_once_per_change():
+    """``Plan.instances`` is every server's count; ``Plan.server_instances`` a server's own (HybridServe's placement):
+    each worker's count is sent when it changes, the workers of one count together."""
+    calls: list[tuple[str, int, list[int]]] = []
+
+    class Executor:
+        def scale(self, model, instances, workers) -> None:
+            calls.append((model, instances, [w.id for w in workers]))
+
+    table = WorkerTable([WorkerState(i) for i in range(4)])  # servers A (0, 1) and B (2, 3)
+    placement = Placement(table, Executor(), {}, set, lambda: None)
+    own = {0: {"a": 3, "b": 1}, 1: {"a": 3, "b": 1}}
+    placement.place(Plan(0, instances={"a": 2, "b": 2}, server_instances=own), Scope())
+    assert sorted(calls) == [("a", 2, [2, 3]), ("a", 3, [0, 1]), ("b", 1, [0, 1]), ("b", 2, [2, 3])]
+    calls.clear()
+    placement.place(Plan(1, instances={"a": 2, "b": 2}, server_instances=own), Scope())
+    assert calls == []  # nothing changed
+    placement.place(Plan(2, instances={"a": 2, "b": 2}), Scope(workers=frozenset({0, 2})))
+    assert sorted(calls) == [("a", 2, [0]), ("b", 2, [0])]  # back to every server's count, in the planner's scope

@@ -5,6 +5,7 @@ sidecar's cascade policy sending each plan's cascade with every batch."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +107,18 @@ def test_placement_onto_two_device_kinds_follows_the_demand(hybridserve_family, 
     assert 0.2 - 1e-6 <= on_slow <= 1 / 3 + 1e-6
     over = plan(2.0)  # beyond both: no placement fits, and every server serves
     assert not over.detail.placement.feasible and serving(over) == {"fast", "slow"}
-    assert light.instances == heavy.instances == over.instances  # R ∝ ρl on every server that serves
+    assert light.instances == heavy.instances == over.instances  # R ∝ ρl where no placement fits
+    # each serving server runs what the placement put on it (at least one of each model: its BLS calls only its own)
+    models = planner.point.cascade.models
+    for p in (light, heavy):
+        placed = p.detail.placement
+        on = Counter((models[i.model], d) for i, d in zip(placed.instances, placed.devices))
+        assert set(p.server_instances) == {w for w, s in servers.items() if s in placed.devices}
+        for w, counts in p.server_instances.items():
+            assert counts == {m: max(1, on[m, servers[w]]) for m in models}
+    assert sum(heavy.server_instances[w][m] for w in (0, 2) for m in models) >= len(heavy.detail.placement.instances)
+    assert heavy.server_instances[0] != heavy.server_instances[2]  # the two kinds hold different counts
+    assert over.server_instances == {}  # no placement: every server alike
     sick = planner.plan(0, Demand(0, 1_000_000, {}, (*workers[:3], WorkerState(3, healthy=False))))
     assert 3 not in sick.placement  # an unhealthy worker keeps what it has
 

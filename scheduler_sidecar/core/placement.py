@@ -3,7 +3,8 @@
 A plan's placement is carried out make before break: a worker loads what it lacks while it keeps serving what it
 holds, one model at a time, and unloads what the plan no longer wants only once it holds everything the plan does,
 between two batches; so a plan change never leaves a worker without a model to serve. A plan's instance counts
-(a BLS model's stage models, which are no worker's placement) go to the executor once per change. A policy's own
+(a BLS model's stage models, which are no worker's placement), the same on every server or each server its own, go
+to the executor once per change of a worker's count (a worker that joins gets them with the next plan). A policy's own
 loads and unloads (a ``Decision``'s) are checked and carried out here too.
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from scheduler_sidecar.core.plan import Plan, Scope
-from scheduler_sidecar.core.records import Batch, Load, Unload
+from scheduler_sidecar.core.records import Batch, Load, Unload, WorkerState
 from scheduler_sidecar.core.worker_table import WorkerTable
 from scheduler_sidecar.errors import PolicyError
 
@@ -30,17 +31,27 @@ class Placement:
         self.table, self.executor, self.running = table, executor, running
         self.all_models, self.changed = all_models, changed
         self.target: dict[int, frozenset[str]] = {}  # worker id -> placement still to carry out
-        self.instances: dict[str, int] = {}  # Triton model -> the instance count a plan last set
+        self.instances: dict[tuple[str, int], int] = {}  # (Triton model, worker id) -> the count a plan last set
 
     def place(self, plan: Plan, scope: Scope) -> None:
         """Move the plan's workers to its placement as they become free, and set its instance counts."""
         for wid, models in plan.placement.items():
             if wid in self.table.index and wid not in self.table.leaving:  # else it left while the plan was made
                 self.target[wid] = frozenset(models)
-        for model, count in plan.instances.items():
-            if self.instances.get(model) != count:
-                self.instances[model] = count
-                self.executor.scale(model, count, [w for w in self.table.workers if scope.has_worker(w.id)])
+        wanted: dict[str, dict[int, int]] = {}  # model -> worker id -> the instances its server should run
+        for w in self.table.workers:
+            if scope.has_worker(w.id) and w.id not in self.table.leaving:
+                own = plan.server_instances.get(w.id, {})
+                for model, count in {**plan.instances, **own}.items():
+                    wanted.setdefault(model, {})[w.id] = count
+        for model, counts in wanted.items():
+            changed: dict[int, list[WorkerState]] = {}  # count -> the workers to move to it
+            for wid, count in counts.items():
+                if self.instances.get((model, wid)) != count:
+                    self.instances[model, wid] = count
+                    changed.setdefault(count, []).append(self.table.workers[self.table.index[wid]])
+            for count, workers in sorted(changed.items()):
+                self.executor.scale(model, count, workers)
 
     def abandon(self, worker_id: int) -> None:
         """Stop moving a worker (it left, or a load of its placement failed: not retried in a loop)."""

@@ -45,6 +45,9 @@ class Plan:
     detail: object = None  # what the policies route by (e.g. per-type worker weights); the planner's own type
     # Triton model -> the instances each worker should run (Loki's replicas); models not named keep theirs
     instances: Mapping[str, int] = field(default_factory=dict)
+    # worker id -> Triton model -> the instances that worker's server should run, where they differ from
+    # ``instances`` (HybridServe's placement: its servers hold different counts); every worker of a server alike
+    server_instances: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

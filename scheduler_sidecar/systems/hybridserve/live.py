@@ -18,17 +18,18 @@ Eqs. 2-4, :func:`.placement.plan`) over those servers at the demand the engine o
   cascade's concurrency is its instance count), so the sidecar tells the planner each slot's server (``server``).
   The placement program's devices are the servers: each its own (requests between them cross the network), at its
   device kind's speed (``device_speeds``), with ``server_memory_mb``.
-- A BLS calls only its own server's models, and a plan's instance count is one per model for every server: each
-  server that serves runs the whole cascade with the replicas R ∝ ρl. What the plan carries of the placement
-  program is which servers serve, those it placed instances on (at a low demand, fewer); servers it leaves out
-  drop the BLS. Where no placement fits the demand, every server serves. Its own placement, instance by instance,
-  is in the plan's detail.
+- A BLS calls only its own server's models. The plan carries the placement program's servers: those it placed
+  instances on serve (at a low demand, fewer), and servers it leaves out drop the BLS. Each serving server runs the
+  instances the program placed on it (``Plan.server_instances``), at least one of each cascade model, since its
+  BLS escalates only to its own server's. Where no placement fits the demand, every server serves, each with the
+  replicas R ∝ ρl (``Plan.instances``). The placement, instance by instance, is in the plan's detail.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,13 +136,23 @@ class HybridServePlanner(Planner):
         for w in demand.workers:
             if w.healthy:
                 servers.setdefault(self.server(w.id), []).append(w)
-        placed, where = None, {}
+        placed, where, own = None, {}, {}
         if len(servers) > 1:
             placed = self._place(servers, rate_qps)
             serving = set(placed.devices) if placed.feasible else set(servers)
             where = {w.id: frozenset({self.bls} if name in serving else ()) for name, ws in servers.items() for w in ws}
+            if placed.feasible:  # each server runs the instances the placement put on it
+                own = {w.id: counts for name, counts in self._per_server(placed).items() for w in servers[name]}
         return Plan(now_us, where, CascadePlan(self.point, self.bls_plan, self.replicas, rate_qps, placed),
-                    self.instances)
+                    self.instances, own)
+
+    def _per_server(self, placed: placement.Placement) -> dict[str, dict[str, int]]:
+        """The instances of each cascade model on each server that serves. Decision: at least one of each, since a
+        server's BLS calls its own server's models (Triton runs no fewer than one instance of a loaded model), so a
+        server the placement gave no instance of a model escalates to a single one."""
+        models = self.point.cascade.models
+        placed_on = Counter((models[i.model], device) for i, device in zip(placed.instances, placed.devices))
+        return {device: {m: max(1, placed_on[m, device]) for m in models} for device in dict.fromkeys(placed.devices)}
 
     def _place(self, servers: dict[str, list[WorkerState]], rate_qps: float) -> placement.Placement:
         """Algorithm 3 over the servers, each one device (kernels one at a time, Σu <= 1, as the paper's GPUs),
