@@ -4,6 +4,7 @@ sidecar's cascade policy sending each plan's cascade with every batch."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,8 @@ from scheduler_sidecar.core.plan import Demand, Plan
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
+from scheduler_sidecar.live.workers import TritonWorker
+from scheduler_sidecar.processes.triton_launcher import TritonServer
 from scheduler_sidecar.server import config
 from scheduler_sidecar.systems import PlannerContext
 from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Outcome
@@ -121,6 +124,38 @@ def test_placement_onto_two_device_kinds_follows_the_demand(hybridserve_family, 
     assert over.server_instances == {}  # no placement: every server alike
     sick = planner.plan(0, Demand(0, 1_000_000, {}, (*workers[:3], WorkerState(3, healthy=False))))
     assert 3 not in sick.placement  # an unhealthy worker keeps what it has
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_a_per_server_plan_is_what_each_of_two_tritons_holds(hybridserve_family, pruned):
+    """The placement's counts, sent to two real Tritons as the live driver sends them (one call per server and
+    model), are what each then runs: the fast server more instances than the slow one."""
+    family = hybridserve_family
+    servers = {0: "fast", 1: "fast", 2: "slow", 3: "slow"}
+    workers = tuple(WorkerState(w, device="cpu" if s == "fast" else "cpu-x3") for w, s in servers.items())
+    planner = HybridServePlanner(family, pruned_point(family, pruned["eo"], "eo"), BLS,
+                                 HybridServeConfig(8, slowdown=100.0, device_speeds={"cpu-x3": 1 / 3}),
+                                 server=servers.__getitem__)
+    busy_s = float(np.dot(planner.point.validation.reach, planner.service_s))
+    plan = planner.plan(0, Demand(0, 1_000_000, {MODEL: round(1.2 / busy_s)}, workers))
+    wanted = {servers[w]: dict(counts) for w, counts in plan.server_instances.items()}
+    assert set(wanted) == {"fast", "slow"} and wanted["fast"] != wanted["slow"]
+    models = sorted(wanted["fast"])
+    repository = family.folder / "repository"
+    with TritonServer(repository=repository, models=models) as fast, \
+            TritonServer(repository=repository, models=models) as slow:
+        async def serve() -> dict[str, dict[str, int]]:
+            tritons = {"fast": TritonWorker(fast.grpc_url), "slow": TritonWorker(slow.grpc_url)}
+            try:
+                for name, counts in wanted.items():
+                    for model, count in counts.items():
+                        await tritons[name].set_instances(model, count)
+                return {name: {m: (await t.describe(m)).instances for m in models} for name, t in tritons.items()}
+            finally:
+                await asyncio.gather(*(t.close() for t in tritons.values()))
+
+        assert asyncio.run(serve()) == wanted
 
 
 @pytest.fixture
