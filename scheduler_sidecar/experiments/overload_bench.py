@@ -501,6 +501,7 @@ def overload(args: argparse.Namespace, progress=lambda msg: None) -> dict:
     windows = cool.windows(1.0)
     recovered = next((start for start, share in windows if share >= MET_TARGET), None)
     rest = [o for t, o in zip(cool.times, cool.outcomes) if recovered is not None and t >= recovered + 1]
+
     def marked_down(m: dict) -> Counter[str]:
         return Counter({dict(labels)["endpoint"]: v for labels, v in m.get("accscale_worker_failures_total",
                                                                            {}).items()})

@@ -493,14 +493,13 @@ def claims(fig4: list[dict], fig6: list[dict], fig7: list[dict], fig8: list[dict
         fine = fine.because(f"the paper: its artifact's {worst.removesuffix('-artifact')} violates "
                             f"{uniform[worst]:.4g} on uniform arrivals; as the paper describes them every strategy "
                             f"is fine (largest {max(described.values()):.4g})")
-    elif light and max(v for b, v in light.items() if not b.endswith("-artifact")) <= UNIFORM_FINE:
+    elif light and (lightest := max(v for b, v in light.items() if not b.endswith("-artifact"))) <= UNIFORM_FINE:
         worst = max(described, key=described.get)
         low = next(r["qps"] for r in fig6 if r["qps"] < rate)
         coded = {b: v for b, v in light.items() if b.endswith("-artifact") and v > UNIFORM_FINE}
         fine = fine.because(
             f"inputs: the load (the paper gives none): at {rate:g} q/s {worst} violates {described[worst]:.4g}; at "
-            f"{low:g} q/s every strategy as the paper describes meets its SLOs (largest "
-            f"{max(v for b, v in light.items() if not b.endswith('-artifact')):.4g})"
+            f"{low:g} q/s every strategy as the paper describes meets its SLOs (largest {lightest:.4g})"
             + "".join(f"; the artifact's {b.removesuffix('-artifact')} violates {v:.4g}"
                       for b, v in coded.items()))
     out.append(fine)
@@ -547,7 +546,7 @@ def beyond_fig4s_load(claim: Claim, fig4: list[dict]) -> Claim:
                 if s is not None and (FIG4_LOAD, s) in v and (load, s) in v]
     p0, p1 = v.get((FIG4_LOAD, "proteus")), v.get((load, "proteus"))
     held = [s for s in variants if p0 and v[FIG4_LOAD, s] / p0 >= times]
-    if not held or not p1 or p0 is None:
+    if not held or not p1:
         return claim
     return claim.because(
         f"inputs: the load: on the trace at its own speed (the load the artifact names for Fig. 4) {held[0]} violates "

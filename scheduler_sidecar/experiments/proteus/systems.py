@@ -126,7 +126,7 @@ def settings(name: str, system: System, setup: Setup) -> dict:
             "planner": "none (one plan)" if system.static else system.planner,
             "period_s": system.infaas_period_s if system.planner == "infaas" else c.period_s,
             "ewma_com": c.ewma_com, "headroom": c.headroom,
-            "overload": for_the_mix(c).overload if system.static else c.overload,
+            "overload": c.overload,
             "variants": {"all": "all", "ha": "most accurate feasible", "ht": "least accurate"}[system.variants],
             "batching": system.batching, "types per device": "fixed" if system.fixed_types else "any",
             "routing": "uniform" if system.uniform_routing else "planned"}
@@ -162,8 +162,8 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
         planner: ProteusPlanner = InfaasPlanner(profiles, list(enumerate(kinds)), slo, setup.config,
                                                 initial_demand=initial_demand, period_s=system.infaas_period_s)
     else:
-        config = for_the_mix(_config(system, setup.config)) if system.static else _config(system, setup.config)
-        planner = ProteusPlanner(profiles, list(enumerate(kinds)), slo, config, initial_demand=initial_demand,
+        planner = ProteusPlanner(profiles, list(enumerate(kinds)), slo, _config(system, setup.config),
+                                 initial_demand=initial_demand,
                                  allowed=allowed, fixed_types=system.fixed_types, static=system.static,
                                  uniform_routing=system.uniform_routing)
     policies = {f: Proteus(p, query_type=f, batching=system.batching, device=kinds[0]) for f, p in profiles.items()}
@@ -174,9 +174,11 @@ def simulate_queries(system: System, setup: Setup, families: Sequence[str], arri
 
 
 def _config(system: System, config: ProteusConfig) -> ProteusConfig:
-    """The setup's planner settings with the system's own headroom and period, where it has them."""
+    """The setup's planner settings with the system's own headroom and period, where it has them; a static system's
+    one plan for the mix (:func:`for_the_mix`)."""
     own = {"headroom": system.headroom, "headroom_floor": system.headroom_floor, "period_s": system.period_s}
-    return replace(config, **{k: v for k, v in own.items() if v is not None})
+    config = replace(config, **{k: v for k, v in own.items() if v is not None})
+    return for_the_mix(config) if system.static else config
 
 
 def _most_accurate(setup: Setup, profiles: Mapping[str, Profile]) -> dict[str, frozenset[str]]:
@@ -192,7 +194,8 @@ def capacity_qps(setup: Setup, mix: Mapping[str, float], variants: str = "all") 
     profiles = {f: setup.profiles[f] for f in mix}
     allowed = _most_accurate(setup, profiles) if variants == "ha" else None
     planner = ProteusPlanner(profiles, list(enumerate(kinds)), {f: setup.slo_of(f) for f in profiles},
-                             for_the_mix(setup.config), initial_demand={f: STATIC_DEMAND_QPS * share for f, share in mix.items()},
+                             for_the_mix(setup.config),
+                             initial_demand={f: STATIC_DEMAND_QPS * share for f, share in mix.items()},
                              allowed=allowed, static=True)
     return float(sum(planner.plan(0, None).detail.solution.served.values()))
 
