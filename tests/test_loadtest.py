@@ -13,6 +13,7 @@ from loadtest.loadtest_cli import loadtest
 from loadtest.requestlog import Entry, RequestLog
 from loadtest.traces import Trace, constant, with_slo
 from scheduler_sidecar.cli import main
+from scheduler_sidecar.experiments.bursts import capacity_qps
 from scheduler_sidecar.processes.sidecar import SidecarServer
 from scheduler_sidecar.processes.triton_launcher import TritonServer
 from tests.conftest import REPO_ROOT
@@ -111,14 +112,25 @@ def test_report_has_the_table_and_every_plot(recorded_run, tmp_path):
 
 @pytest.mark.parametrize("system", ["superserve", "ramsis"])
 def test_fidelity_command_compares_live_and_simulated(fast_build, tmp_path, capsys, system):
+    """ramsis on a given trace; superserve at half its planned capacity on an emulated device 50x slower (the
+    most accurate subnet's rate within SLO/2, from the profile the sidecar plans with)."""
     trace = tmp_path / "trace.txt"
     constant(30.0, 2.0).save(trace)
+    load = ["--trace", str(trace)] if system == "ramsis" else ["--load", "0.5", "--slowdown", "50", "--duration-s", "2"]
     assert main(["bench", "fidelity", "--system", system, "--profile", str(fast_build.profile_path), "--repository",
-                 str(fast_build.repository), "--trace", str(trace), "--slo-ms", "200", "--json"]) == 0
+                 str(fast_build.repository), "--slo-ms", "200", "--json", *load]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["system"] == system and result["policy"] == ("slackfit" if system == "superserve" else "ramsis")
-    assert result["queries"] == result["live_client"]["queries"] == result["live_sidecar"]["queries"] == 60
-    assert result["simulated"]["met"] + result["simulated"]["late"] + result["simulated"]["dropped"] == 60
+    n = result["queries"]
+    assert n == result["live_client"]["queries"] == result["live_sidecar"]["queries"]
+    assert result["simulated"]["met"] + result["simulated"]["late"] + result["simulated"]["dropped"] == n
+    if system == "ramsis":
+        assert n == 60
+    else:
+        best = max(fast_build.profile.variants, key=lambda v: v.accuracy)
+        capacity = capacity_qps(best.latency[fast_build.profile.device_kinds[0]].scaled(50), 200.0)
+        assert result["capacity_qps"] == pytest.approx(capacity, abs=0.1) and result["slowdown"] == 50
+        assert n == pytest.approx(0.5 * capacity * 2, rel=0.5)
     assert_gaps_of_both_sides(result)
 
 

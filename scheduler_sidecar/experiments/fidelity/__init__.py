@@ -6,6 +6,14 @@ live side is scored in the sidecar (its /metrics, from arrival at the sidecar, w
 and at the client too (from each request's scheduled arrival, the client's own delays included). SLO attainments
 and accuracies are printed side by side with their gaps in points (live minus simulated).
 
+``--load 0.5 1 1.3 --runs 3`` runs each system at those multiples of its planned capacity, three times each, and
+reports the spread of each gap (min, median, max). A system's planned capacity is what its own planner would plan
+for on its most accurate configuration, so that beyond 1x accuracy scaling must serve (each module's
+``planned_capacity``): the most accurate subnet's rate within SLO/2 (superserve, ramsis), the Proteus MILP's in the
+demo's burst mix with each type on its most accurate variant, Loki's hardware scaling alone, and HybridServe's cost
+model on its cascade's replicas. The trace keeps each system's shape and takes that rate as its mean (Proteus: its
+burst third's).
+
 Each system is a function of one module here, ``SYSTEM(args, folder, progress) -> result``: ``superserve`` and
 ``ramsis`` in :mod:`.supernet`, and :mod:`.proteus`, :mod:`.loki` and :mod:`.hybridserve`, each with how it deploys,
 simulates and scores its system; :mod:`.common` holds what they share.
@@ -17,6 +25,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -29,13 +38,21 @@ from scheduler_sidecar.systems.hybridserve.planner import MODES
 SYSTEMS = {"superserve": "supernet", "ramsis": "supernet", "proteus": "proteus", "loki": "loki",
            "hybridserve": "hybridserve"}
 
+EMULATED = ("superserve", "ramsis")  # the systems --slowdown emulates a device for (the others bring their own)
 SLO_MS = {"superserve": 30.0, "ramsis": 30.0, "proteus": 100.0, "loki": 200.0, "hybridserve": 4000.0}  # defaults
 
 
 def register_bench(kinds: argparse._SubParsersAction) -> None:
     f = kinds.add_parser("fidelity", help="each system live (sidecar + Triton) against the simulator, one trace",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    f.add_argument("--system", choices=SYSTEMS, default="superserve", help="which system (default: superserve)")
+    f.add_argument("--system", choices=SYSTEMS, nargs="+", default=["superserve"],
+                   help="which systems (default: superserve)")
+    f.add_argument("--load", type=float, nargs="+",
+                   help="the trace's rate as multiples of the deployment's planned capacity, one run each (e.g. 0.5 "
+                        "1 1.3; default: each system's own rates): superserve, ramsis, loki and hybridserve the "
+                        "mean rate, proteus its burst third's")
+    f.add_argument("--runs", type=int, default=1, help="runs of each system at each load (default: 1); with more "
+                                                       "than one run, the spread of each gap is reported")
     f.add_argument("--profile", type=Path, default=Path("build/full/profile.json"),
                    help="superserve, ramsis: profile measured through Triton (default: build/full/profile.json, "
                         "`accscale profile`)")
@@ -46,6 +63,10 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     f.add_argument("--trace", type=Path,
                    help="superserve, ramsis, hybridserve: trace to replay (default: generated, --duration-s long; "
                         "hybridserve draws payloads for a trace without them)")
+    f.add_argument("--slowdown", type=float, default=1.0, metavar="F",
+                   help="superserve, ramsis: serve on an emulated device F times slower than this machine (its "
+                        "profile's latencies F times longer, the default SLO too), so that the model, not this "
+                        "machine's cores, bounds the capacity (default: 1)")
     f.add_argument("--duration-s", type=float, default=30.0, help="length of a generated trace (default: 30)")
     f.add_argument("--policy", default="slackfit", help="superserve: the policy of both drivers (default: slackfit)")
     f.add_argument("--workers", type=int, default=1, help="superserve, ramsis: Triton servers, one worker each "
@@ -71,25 +92,95 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     f.add_argument("--rounding", choices=(NEAREST, BALANCED), default=NEAREST,
                    help="hybridserve: how the replicas are rounded (default: nearest)")
     f.add_argument("--out", type=Path, help="keep the run's files here: traces, configs, request logs, the sidecar's "
-                                            "log (default: a temporary folder)")
+                                            "log, its result.json (default: a temporary folder; with several runs, "
+                                            "a folder each)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
-    args.slo_ms = args.slo_ms or SLO_MS[args.system]
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-    with contextlib.nullcontext(args.out) if args.out else tempfile.TemporaryDirectory() as tmp:
+    if args.runs < 1 or any(not load > 0 for load in args.load or ()) or not args.slowdown >= 1:
+        raise SystemExit("accscale bench fidelity: --runs must be >= 1, every --load > 0 and --slowdown >= 1")
+    if args.load and args.trace:
+        raise SystemExit("accscale bench fidelity: --load sets the trace's rate; it takes no --trace")
+    cells = [(system, load, k) for system in args.system for load in (args.load or [None]) for k in range(args.runs)]
+    results = []
+    for system, load, k in cells:
+        one = argparse.Namespace(**{**vars(args), "system": system, "load": load,
+                                    "slo_ms": args.slo_ms or SLO_MS[system] * (
+                                        args.slowdown if system in EMULATED else 1)})
+        if len(cells) > 1:
+            progress(f"== {system}" + (f" at {load:g}x its planned capacity" if load else "") + f", run {k + 1}")
+        out = args.out / f"{system}-{load or 'rates'}-{k + 1}" if args.out and len(cells) > 1 else args.out
+        results.append(_one(one, out, progress) | ({"load": load, "run": k + 1} if len(cells) > 1 else {}))
+    if len(results) == 1:
+        (result,) = results
+        if args.json:
+            print(json.dumps(result))
+        else:
+            _print(args.system[0], result)
+        return 0
+    table = spread(results)
+    if args.json:
+        print(json.dumps({"runs": results, "summary": table}))
+        return 0
+    print(_table(table))
+    return 0
+
+
+def _one(args: argparse.Namespace, out: Path | None, progress) -> dict:
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    with contextlib.nullcontext(out) if out else tempfile.TemporaryDirectory() as tmp:
         system = importlib.import_module(f"{__name__}.{SYSTEMS[args.system]}")
         result = getattr(system, args.system)(args, Path(tmp), progress)
-    if args.json:
-        print(json.dumps(result))
-        return 0
+    if out:  # kept as each run ends: a matrix of runs that stops part way keeps what it measured
+        (out / "result.json").write_text(json.dumps(result))
+    return result
+
+
+SIDES = ("sidecar", "client")
+
+
+def spread(results: list[dict]) -> list[dict]:
+    """Per system and load, over its runs: the live (sidecar's view) and simulated attainment, and each view's
+    attainment and accuracy gaps in points, as [min, median, max]."""
+    cells: dict[tuple[str, float | None], list[dict]] = {}
+    for r in results:
+        cells.setdefault((r["system"], r.get("load")), []).append(r)
+
+    def over(values: list[float]) -> list[float]:
+        return [round(float(f(values)), 2) for f in (min, statistics.median, max)]
+
+    return [{"system": system, "load": load, "runs": len(rs),
+             "live_attainment": over([r["live_sidecar"]["slo_attainment"] for r in rs]),
+             "simulated_attainment": over([r["simulated"]["slo_attainment"] for r in rs]),
+             **{f"{what}_gap_pts_{side}": over([r[f"{what}_gap_pts"][side] for r in rs])
+                for what in ("attainment", "accuracy") for side in SIDES}}
+            for (system, load), rs in cells.items()]
+
+
+def _table(rows: list[dict]) -> str:
+    """:func:`spread` as a Markdown table, each spread as median (min..max)."""
+    def cell(x: list[float]) -> str:
+        return f"{x[1]:.2f} ({x[0]:.2f}..{x[2]:.2f})" if x[0] != x[2] else f"{x[1]:.2f}"
+
+    head = ["system", "load", "runs", "attainment live / simulated",
+            *(f"{what} gap, {side}" for side in SIDES for what in ("attainment", "accuracy"))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            r["system"], f"{r['load']:g}x" if r["load"] else "-", str(r["runs"]),
+            f"{r['live_attainment'][1]:.3f} / {r['simulated_attainment'][1]:.3f}",
+            *(cell(r[f"{what}_gap_pts_{side}"]) for side in SIDES for what in ("attainment", "accuracy"))]) + " |")
+    return "\n".join(lines)
+
+
+def _print(system: str, result: dict) -> None:
     accuracy = result["accuracy_metric"]
     views = [(f"live, {side}", result[f"live_{side}"]) for side in ("client", "sidecar") if f"live_{side}" in result]
-    print(f"{args.system}: {result['queries']} queries; accuracy: {accuracy}")
+    print(f"{system}: {result['queries']} queries; accuracy: {accuracy}")
     print(f"{'':<26} {'attainment':>10} {'accuracy':>9}")
     for name, r in (*views, ("simulated", result["simulated"])):
         print(f"{name:<26} {r['slo_attainment']:>10.4f} {100 * r[accuracy]:>8.2f}%")
@@ -101,4 +192,3 @@ def run(args: argparse.Namespace) -> int:
     for key in ("deployment", "differences"):
         for name, value in result.get(key, {}).items():
             print(f"{name}: {json.dumps(value)}")
-    return 0

@@ -67,13 +67,26 @@ def sim_view(summary: Mapping) -> dict:
     return {k: summary[k] for k in ("slo_attainment", "mean_serving_accuracy", "met", "late", "dropped", "rejected")}
 
 
-def default_trace(args: argparse.Namespace, tmp: Path, base_qps: float = 150.0, variant_qps: float = 250.0) -> Path:
-    """``--trace``, or a bursty one (a steady ``base_qps`` and ``variant_qps`` at CV² 4) ``--duration-s`` long."""
+def default_trace(args: argparse.Namespace, tmp: Path, base_qps: float = 150.0, variant_qps: float = 250.0,
+                  capacity_qps: float | None = None) -> Path:
+    """``--trace``, or a bursty one (a steady ``base_qps`` and ``variant_qps`` at CV² 4) ``--duration-s`` long; at
+    ``--load`` its mean rate is the load times ``capacity_qps``, in the same proportions."""
     if args.trace is not None:
         return args.trace
+    if args.load is not None:
+        scale = at_load(args, capacity_qps) / (base_qps + variant_qps)
+        base_qps, variant_qps = scale * base_qps, scale * variant_qps
     path = tmp / "trace.txt"
     bursty(base_qps, variant_qps, cv2=4.0, duration_s=args.duration_s, seed=0).save(path)
     return path
+
+
+def at_load(args: argparse.Namespace, capacity_qps: float | None) -> float:
+    """The rate ``--load`` asks for: the load times the deployment's planned capacity (each system's own notion of
+    it, which its run reports as ``capacity_qps``)."""
+    if capacity_qps is None or not capacity_qps > 0:
+        raise ValueError(f"{args.system}: --load needs the deployment's planned capacity, got {capacity_qps!r}")
+    return args.load * capacity_qps
 
 
 def client_delay_ms(logs: list[RequestLog]) -> list[float]:

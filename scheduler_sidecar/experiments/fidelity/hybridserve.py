@@ -35,7 +35,13 @@ from loadtest.requestlog import RequestLog
 from loadtest.traces import Trace, gamma, with_payloads, with_slo
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.experiments.deployment import Device, deploy
-from scheduler_sidecar.experiments.fidelity.common import Progress, client_delay_ms, gaps, sidecar_view
+from scheduler_sidecar.experiments.fidelity.common import (
+    Progress,
+    at_load,
+    client_delay_ms,
+    gaps,
+    sidecar_view,
+)
 from scheduler_sidecar.experiments.hybridserve import demo
 from scheduler_sidecar.experiments.hybridserve.simulation import simulate
 from scheduler_sidecar.processes.sidecar import SidecarServer
@@ -59,7 +65,10 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     planner = HybridServePlanner.from_family(stamp, args.mode, demo.BLS, config, prune=args.prune)
     cascade = planner.point.cascade
     images, labels = family.images("test")
-    trace, sample = _cascade_trace(args, tmp / "trace.txt", len(labels))
+    # the cost model's: what the cascade's replicas keep up with (the busiest model's R_i / (ρ_i l_i), §V-C)
+    capacity = planner.point.capacity_rps(family, tuple(planner.replicas[m] for m in cascade.models)) \
+        / config.slowdown
+    trace, sample = _cascade_trace(args, tmp / "trace.txt", len(labels), capacity)
     profile = demo.cascade_profile(tmp / "profile.json", family, planner.point, config.slowdown)
     # the Triton model the sidecar calls (the BLS, or the largest model alone), then the cascade's
     served = tuple(dict.fromkeys((Profile.load(profile).variants[0].actuation.model, *cascade.models)))
@@ -92,6 +101,7 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
                        "thresholds": list(cascade.thresholds), "skip": cascade.skip, "replicas": planner.instances,
                        "bls_instances": bls_instances, "slowdown": round(config.slowdown, 1),
                        "slo_ms": args.slo_ms, "rate_qps": round(trace.mean_rate_qps, 1),
+                       "capacity_qps": round(capacity, 1),
                        "reload_ms_live": {m: int(ms) for m, _, done, ms in reloads if done == "reloaded"}},
         "differences": {
             "client_delay_ms": client_delay_ms([log]),
@@ -105,11 +115,13 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     }, accuracy="measured_accuracy")
 
 
-def _cascade_trace(args: argparse.Namespace, path: Path, samples: int) -> tuple[Trace, np.ndarray]:
-    """The trace replayed (``--trace``, or gamma at ``--rate-qps``, CV² 4), every request with ``--slo-ms`` and a
-    test sample (its payload index, drawn where it has none), saved to ``path``; and each request's sample, as
-    the replay resolves it."""
-    trace = Trace.load(args.trace) if args.trace else gamma(args.rate_qps, 4.0, args.duration_s, seed=0)
+def _cascade_trace(args: argparse.Namespace, path: Path, samples: int, capacity_qps: float
+                   ) -> tuple[Trace, np.ndarray]:
+    """The trace replayed (``--trace``, or gamma at ``--rate-qps`` or ``--load`` times ``capacity_qps``, CV² 4), every
+    request with ``--slo-ms`` and a test sample (its payload index, drawn where it has none), saved to ``path``; and
+    each request's sample, as the replay resolves it."""
+    rate = args.rate_qps if args.load is None else at_load(args, capacity_qps)
+    trace = Trace.load(args.trace) if args.trace else gamma(rate, 4.0, args.duration_s, seed=0)
     if (trace.payload_index < 0).all():
         trace = with_payloads(trace, samples, seed=1)
     trace = with_slo(trace, args.slo_ms)  # the simulation gives every request one SLO

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,12 @@ from loadtest.traces import Trace
 from scheduler_sidecar.experiments.deployment import LOADED, Device, deploy
 from scheduler_sidecar.experiments.fidelity.common import Progress, default_trace, gaps
 from scheduler_sidecar.experiments.loki import demo as loki_demo
+from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.data import trained
+from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM
 
+OVERLOAD_FACTOR = 2.0  # a demand this many times what every replica on its fastest variant serves: beyond reach
 INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling has room
 
 
@@ -33,8 +37,9 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     instances = args.instances or INSTANCES
     stamp, profile, models, slowdown = loki_demo.build_pipeline(folder, args.slo_ms, None, instances, "small",
                                                                 trained_in=trained_in)
-    pipeline = trained(stamp).scaled(slowdown)
-    trace = Trace.load(default_trace(args, tmp, base_qps=5.0, variant_qps=10.0))
+    pipeline = replace(trained(stamp).scaled(slowdown), slo_ms=args.slo_ms)
+    capacity = planned_capacity(pipeline, instances)
+    trace = Trace.load(default_trace(args, tmp, base_qps=5.0, variant_qps=10.0, capacity_qps=capacity))
     demo = argparse.Namespace(instances=instances, slowdown=slowdown, period_s=5.0, headroom=DEFAULT_HEADROOM,
                               slo_ms=args.slo_ms)
     with deploy(folder / "repository", [loki_demo.BLS], [Device(slowdown)],
@@ -65,7 +70,17 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                  "mean_serving_accuracy": float(np.nanmean(run_.frames.accuracy[met])) if met.any() else 0.0,
                  "met": int(met.sum()), "dropped": int(run_.frames.dropped.sum())}
     return gaps({"system": "loki", "queries": len(frames), "instances": instances, "slowdown": slowdown,
+                 "capacity_qps": round(capacity, 1), "rate_qps": round(trace.mean_rate_qps, 1),
                  "load_ms": load_ms, "live_client": live_client, "live_sidecar": live_sidecar,
                  "live_outcomes": {"refused": sum(f.answer is None for f in frames),
                                    "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},
                  "simulated": simulated, "simulated_plans": [p.step for p in run_.plans]})
+
+
+def planned_capacity(pipeline: Pipeline, instances: int) -> float:
+    """The most frames per second Loki's resource manager serves on ``instances`` replicas with every task on its
+    most accurate variant (hardware scaling alone, InferLine's plan): beyond it, accuracy scaling must serve. The
+    share of a demand beyond reach that such a plan serves, times that demand."""
+    beyond = OVERLOAD_FACTOR * instances * max(v.throughput_qps(v.latency.batch_sizes[-1])
+                                               for t in pipeline.tasks for v in t.variants)
+    return milp.plan(pipeline, beyond, instances, top_only=True).served * beyond

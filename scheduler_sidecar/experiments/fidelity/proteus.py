@@ -48,6 +48,7 @@ from scheduler_sidecar.server.service import model_policy
 from scheduler_sidecar.sim.results import OUTCOME_CODES
 from scheduler_sidecar.sim.simulator import Simulator
 from scheduler_sidecar.sim.world import SimWorker, World
+from scheduler_sidecar.systems.proteus import milp
 from scheduler_sidecar.systems.proteus.planner import ProteusPlanner
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 from scheduler_sidecar.experiments.deployment import LOADED
 from scheduler_sidecar.experiments.fidelity.common import (
     Progress,
+    at_load,
     client_delay_ms,
     gaps,
     sidecar_view,
@@ -68,12 +70,18 @@ from scheduler_sidecar.experiments.fidelity.common import (
 PLANNED = re.compile(r"plan asked for at ([\d.]+) s, ready at ([\d.]+) s \(since the start\)")
 ORIGIN = re.compile(r"plan times below count from the start: monotonic clock ([\d.]+) s")
 
+OVERLOAD_FACTOR = 2.0  # a demand this many times what every device on its fastest option serves: beyond reach
 PLAN_MATCH_S = 0.1  # a simulated plan asked for this close to a live one is the same plan
 
 
 def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     """See the module notes."""
     repository, paths = demo.families(args.build_dir)
+    profiles = {q: Profile.load(path) for q, path in paths.items()}
+    capacity = planned_capacity(profiles, args)
+    if args.load is not None:  # the burst third's mix at the load asked for
+        scale = at_load(args, capacity) / (args.burst_qps + (len(paths) - 1) * args.base_qps)
+        args.base_qps, args.burst_qps = scale * args.base_qps, scale * args.burst_qps
     traces = {q: _demo_trace(q, args, tmp / f"trace-{q}.txt", seed) for seed, q in enumerate(paths)}
     replays = [Replay(q, traces[q], save_payloads(tmp / f"payloads-{q}.npz", *demo.samples(q))) for q in paths]
     with demo.deployment(repository, paths, tmp, slo_ms=args.slo_ms, period_s=args.period_s,
@@ -85,7 +93,6 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
         log = sidecar.log_path.read_text()
     (tmp / "sidecar.log").write_text(log)
     config = load(tmp / "sidecar.toml", workers=tuple(t.grpc_url for t in tritons))
-    profiles = {m.name: Profile.load(m.profile) for m in config.models}
     logs = {q: RequestLog.load(tmp / "run" / m["request_log"]) for q, m in client["models"].items()}
     measured = _measured(log, client["replay_start_monotonic_s"], list(logs.values()), profiles,
                          config.worker_devices)
@@ -97,7 +104,8 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                      for q in paths},
         "deployment": {"workers": dict(config.worker_devices),
                        "models": {q: [v.id for v in p.variants] for q, p in profiles.items()},
-                       "slo_ms": args.slo_ms, "period_s": args.period_s,
+                       "slo_ms": args.slo_ms, "period_s": args.period_s, "capacity_qps": round(capacity, 1),
+                       "base_qps": round(args.base_qps, 1), "burst_qps": round(args.burst_qps, 1),
                        "burst_window": getattr(args, "burst_window", "sliding"),
                        "replay_after_first_plan_s": round(measured.replay_start_s - measured.plans[0][0], 3),
                        "plans": plans, "loads_live": measured.loads, "load_ms_simulated": measured.load_ms,
@@ -105,6 +113,21 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                        "turnaround_ms": round(measured.turnaround_ms, 2)},
         "differences": {"client_delay_ms": client_delay_ms(list(logs.values()))},
     })
+
+
+def planned_capacity(profiles: Mapping[str, Profile], args: argparse.Namespace) -> float:
+    """The most q/s the demo's devices serve in its burst third's mix (digits at ``--burst-qps``, every other type
+    at ``--base-qps``) with each type on its most accurate variant, as the Proteus MILP plans: beyond it, accuracy
+    scaling must serve. The largest share of a demand beyond reach that one placement serves for every type at
+    once, times that demand."""
+    planner = ProteusPlanner(profiles, list(enumerate(demo.DEVICES)), dict.fromkeys(profiles, args.slo_ms))
+    pools, _ = planner.pools()
+    best = {q: max(p.variants, key=lambda v: v.accuracy).id for q, p in profiles.items()}
+    options = tuple(o for o in planner.options if o.variant == best[o.type])
+    mix = {q: args.burst_qps if q == "digits" else args.base_qps for q in profiles}
+    beyond = OVERLOAD_FACTOR * len(demo.DEVICES) * max(o.capacity_qps for o in options) / sum(mix.values())
+    problem = milp.Problem(pools, options, {q: beyond * r for q, r in mix.items()})
+    return milp.max_scale(problem) * beyond * sum(mix.values())
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ class ProteusPlanner(Planner):
             raise RuntimeError("a static allocation is planned once")
         self._sync(demand.workers if demand is not None else ())
         measured = self.demand(now_us)
-        pools, pool_of = self._pools()
+        pools, pool_of = self.pools()
         floor = self.config.min_demand_qps
         # a type no worker here can serve within its SLO would make every plan infeasible: it is left out
         servable = {o.type for o in self.options if o.capacity_qps > 0 and o.kind in {p.kind for p in pools}}
@@ -258,7 +258,7 @@ class ProteusPlanner(Planner):
                 w.variant = max(held, key=lambda v: self._accuracy[v], default=None)
                 w.type = self._type[w.variant] if w.variant is not None else None
 
-    def _pools(self) -> tuple[tuple[milp.Pool, ...], list[int | None]]:
+    def pools(self) -> tuple[tuple[milp.Pool, ...], list[int | None]]:
         """The MILP's pools and each worker's pool (None: unhealthy, not planned): one per device kind, or per
         (kind, type) once types are fixed."""
         key = (lambda w: (w.kind, w.type or "")) if self.fixed_types and self.plans else (lambda w: (w.kind, ""))
