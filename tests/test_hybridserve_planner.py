@@ -16,8 +16,10 @@ from scheduler_sidecar.core.plan import Demand, Plan
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
+from scheduler_sidecar.experiments.deployment import Device, Request, deploy, open_loop
+from scheduler_sidecar.experiments.fidelity.hybridserve import RELOADED
+from scheduler_sidecar.experiments.hybridserve import demo
 from scheduler_sidecar.live.workers import TritonWorker
-from scheduler_sidecar.processes.triton_launcher import TritonServer
 from scheduler_sidecar.server import config
 from scheduler_sidecar.systems import PlannerContext
 from scheduler_sidecar.systems.hybridserve.cascade import Cascade, Outcome
@@ -128,34 +130,63 @@ def test_placement_onto_two_device_kinds_follows_the_demand(hybridserve_family, 
 
 @pytest.mark.slow
 @pytest.mark.triton
-def test_a_per_server_plan_is_what_each_of_two_tritons_holds(hybridserve_family, pruned):
-    """The placement's counts, sent to two real Tritons as the live driver sends them (one call per server and
-    model), are what each then runs: the fast server more instances than the slow one."""
-    family = hybridserve_family
-    servers = {0: "fast", 1: "fast", 2: "slow", 3: "slow"}
-    workers = tuple(WorkerState(w, device="cpu" if s == "fast" else "cpu-x3") for w, s in servers.items())
-    planner = HybridServePlanner(family, pruned_point(family, pruned["eo"], "eo"), BLS,
-                                 HybridServeConfig(8, slowdown=100.0, device_speeds={"cpu-x3": 1 / 3}),
-                                 server=servers.__getitem__)
-    busy_s = float(np.dot(planner.point.validation.reach, planner.service_s))
-    plan = planner.plan(0, Demand(0, 1_000_000, {MODEL: round(1.2 / busy_s)}, workers))
-    wanted = {servers[w]: dict(counts) for w, counts in plan.server_instances.items()}
-    assert set(wanted) == {"fast", "slow"} and wanted["fast"] != wanted["slow"]
-    models = sorted(wanted["fast"])
-    repository = family.folder / "repository"
-    with TritonServer(repository=repository, models=models) as fast, \
-            TritonServer(repository=repository, models=models) as slow:
-        async def serve() -> dict[str, dict[str, int]]:
-            tritons = {"fast": TritonWorker(fast.grpc_url), "slow": TritonWorker(slow.grpc_url)}
-            try:
-                for name, counts in wanted.items():
-                    for model, count in counts.items():
-                        await tritons[name].set_instances(model, count)
-                return {name: {m: (await t.describe(m)).instances for m in models} for name, t in tritons.items()}
+def test_the_sidecar_serves_a_per_server_plan_on_two_tritons(hybridserve_family, tmp_path):
+    """The sidecar in front of two Tritons, the second an emulated device 3x slower (its kind's speed 1/3 to the
+    planner), under a demand the faster one alone cannot carry: the placement program's counts differ between the
+    two, the sidecar sets each Triton's as the plan says (one call per server and model), each Triton then runs what
+    the sidecar logged for it, and every request is answered."""
+    from export.repository import write_cascade  # onnx, torch: only this test
+
+    family, rate_qps, duration_s, bls_name = hybridserve_family, 40.0, 8.0, "cascade_on_two"
+    stamp = family.folder / "cascade.json"
+    point = HybridServePlanner.from_family(stamp, "eo", demo.BLS).point
+    # the emulated device on which the demand is 1.1x what the faster server alone serves (kernels one at a time)
+    slowdown = 1.1 / rate_qps / float(np.dot(point.validation.reach, point.service_s(family)))
+    settings = HybridServeConfig(8, slowdown=slowdown, period_s=2.0, device_speeds={"cpu-x3": 1 / 3})
+    planner = HybridServePlanner(family, point, bls_name, settings)
+    # a BLS of its own name, beside the family's repository (whose own is another test's)
+    bls = write_cascade(tmp_path / "bls", bls_name, planner.bls_plan, family.names, max_batch_size=demo.ROWS,
+                        instances=4).parent
+    profile = demo.cascade_profile(tmp_path / "profile.json", family, point, slowdown, bls_name,
+                                   speeds={"cpu": 1.0, "cpu-x3": 1 / 3})
+    toml = demo.sidecar_config(stamp, profile, "eo", True, settings, slo_ms=60_000.0)
+    images, _ = family.images("test")
+    arrivals = np.arange(0, duration_s, 1 / rate_qps)
+    with deploy([family.folder / "repository", bls], [*family.names, bls_name],
+                [Device(slowdown, "cpu"), Device(3 * slowdown, "cpu-x3")], config=toml) as d:
+        answers = asyncio.run(open_loop(d.sidecar.grpc_url, arrivals, lambda i: Request(
+            demo.MODEL, {"INPUT": images[i % len(images)][None]}, {})))
+        urls = [t.grpc_url for t in d.tritons]
+
+        def logged() -> dict[str, dict[str, int]]:  # the counts the sidecar last set on each Triton
+            counts: dict[str, dict[str, int]] = {url: {} for url in urls}
+            for line in d.sidecar.log_path.read_text().splitlines():
+                if (m := RELOADED.search(line)) is not None:
+                    url = next(u for u in urls if f" on {u}#" in line)
+                    counts[url][m.group(1)] = int(m.group(2))
+            return counts
+
+        async def settle() -> tuple[dict, dict]:
+            tritons = {url: TritonWorker(url) for url in urls}
+            try:  # a plan may be in flight: poll until what each Triton runs is what the sidecar last said
+                for _ in range(100):
+                    said = logged()
+                    runs = {url: {m: (await t.describe(m)).instances for m in family.names}
+                            for url, t in tritons.items()}
+                    if all(runs[url][m] == n for url in said for m, n in said[url].items()):
+                        break
+                    await asyncio.sleep(0.2)
+                return said, runs
             finally:
                 await asyncio.gather(*(t.close() for t in tritons.values()))
 
-        assert asyncio.run(serve()) == wanted
+        said, runs = asyncio.run(settle())
+        log = d.sidecar.log_path.read_text()
+    assert all(a.result is not None for a in answers), [a.error for a in answers if a.result is None][:3]
+    fast, slow = (t.grpc_url for t in d.tritons)
+    assert set(said[fast]) == set(said[slow]) >= set(point.cascade.models), log[-3000:]
+    assert all(runs[url][m] == n for url in said for m, n in said[url].items())
+    assert said[fast] != said[slow]  # one plan, a different count of some model on each server
 
 
 @pytest.fixture

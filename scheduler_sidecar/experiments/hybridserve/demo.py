@@ -37,6 +37,7 @@ import json
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -196,10 +197,12 @@ def sidecar_config(stamp: Path, profile: Path, mode: str, prune: bool, config: H
                    slo_ms: float, model: str = MODEL) -> str:
     """The sidecar's config: HybridServe's planner deploying ``mode`` of the family ``stamp`` with ``config`` (a
     ``[[planners]]`` entry), and the cascade (``profile``) the logical model ``model``, its only one."""
+    speeds = ", ".join(f"{json.dumps(kind)} = {speed}" for kind, speed in config.device_speeds.items())
     return (f'[[planners]]\nkind = "hybridserve"\nfamily = "{stamp.absolute()}"\nmode = "{mode}"\n'
             f'prune = {str(prune).lower()}\ninstances = {config.instances}\nrounding = "{config.rounding}"\n'
-            f'slowdown = {config.slowdown}\n'
-            f'[[models]]\nname = "{model}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
+            f'slowdown = {config.slowdown}\nperiod_s = {config.period_s}\n'
+            + (f"device_speeds = {{ {speeds} }}\n" if speeds else "")
+            + f'[[models]]\nname = "{model}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
             # admission off: the cascade's simulation (which bench fidelity compares with this deployment) has
             # none at the cascade's door, and HybridServe's paper serves every request
             f'default_slo_us = {round(slo_ms * 1000)}\nlatency_calibration = false\nadmission = false\n')
@@ -295,10 +298,11 @@ async def _saturate(url: str, metrics_url: str, target: str, models: tuple[str, 
             "energy_mj_per_request": round(energy_mj, 3), "energy_source": source}
 
 
-def cascade_profile(path: Path, family: Family, point: OperatingPoint, slowdown: float, bls: str = BLS) -> Path:
+def cascade_profile(path: Path, family: Family, point: OperatingPoint, slowdown: float, bls: str = BLS,
+                    speeds: Mapping[str, float] | None = None) -> Path:
     """The cascade as one variant, for the sidecar's admission and queue, written to ``path``: at batch b, the sum
     over its models of their latency at their share of the batch (escalations run one after another); served by
-    the BLS model ``bls``."""
+    the BLS model ``bls``; on each device kind of ``speeds`` at its speed (default: this machine's ``cpu``)."""
     index = [family.names.index(m) for m in point.cascade.models]
     curves = [family.models[i].latency for i in index]
     sizes = curves[0].batch_sizes
@@ -307,7 +311,9 @@ def cascade_profile(path: Path, family: Family, point: OperatingPoint, slowdown:
     actuation = (Actuation("pipeline", bls, path=point.cascade.models) if len(index) > 1
                  else Actuation("model", point.cascade.models[0]))
     Profile(f"cascade-{point.mode}", f"{family.folder} x{slowdown:g}",
-            (Variant("cascade", point.test.accuracy, actuation, {"cpu": LatencyCurve(sizes, ms, ms)}),)).save(path)
+            (Variant("cascade", point.test.accuracy, actuation,
+                     {kind: LatencyCurve(sizes, ms, ms).scaled(1 / speed)
+                      for kind, speed in (speeds or {"cpu": 1.0}).items()}),)).save(path)
     return path
 
 
