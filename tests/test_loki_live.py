@@ -70,6 +70,20 @@ def test_live_plans_stay_within_the_budget_and_unload_what_they_do_not_use():
     assert every - quiet.placement[0]  # released: unloaded, not kept at one instance
 
 
+def test_the_sidecar_plans_the_pipeline_for_the_slo_its_model_is_served_with():
+    """A pipeline profiled with one SLO and served at 2 s is planned for 2 s, as its simulation is: not for the SLO
+    of its profile (a planner that kept that one chose the fastest variants whatever the load)."""
+    from scheduler_sidecar.server.config import PlannerSpec
+    from scheduler_sidecar.systems import PlannerContext
+
+    spec = PlannerSpec("loki", {"pipeline": "traffic-analysis", "instances": 8})
+    assert spec.settings.pipeline.slo_ms == traffic_analysis().slo_ms
+    planner = spec.entry.build(spec.settings, PlannerContext({}, {"pipeline": 2000.0}, [], str))
+    assert planner.pipeline.slo_ms == 2000.0
+    with pytest.raises(ValueError, match="share one SLO"):
+        spec.entry.build(spec.settings, PlannerContext({}, {"a": 2000.0, "b": 300.0}, [], str))
+
+
 def test_the_policy_sends_each_triton_the_newest_plan_it_has_loaded_and_each_frames_times():
     """A plan's variants load before the old ones unload (the engine's placement), so a Triton that has not
     loaded the newest plan's yet is sent the one before; one that holds no plan's gets no batch. Each frame's

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,7 +49,11 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
         progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, "
                  f"SLO {args.slo_ms:g} ms")
         frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))
-        load_ms = [float(ms) for _, _, ms in LOADED.findall(sidecar.log_path.read_text())]
+        log = sidecar.log_path.read_text()
+        load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
+    (tmp / "sidecar.log").write_text(log)
+    (tmp / "frames.json").write_text(json.dumps([{"answer": f.answer, "sidecar_us": f.sidecar_us,
+                                                  "client_s": f.client_s} for f in frames]))
     slo_us = round(args.slo_ms * 1000)
 
     def accuracy(answer: dict) -> float:

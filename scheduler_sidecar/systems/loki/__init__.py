@@ -5,7 +5,7 @@ compared with are in ``experiments/loki``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from scheduler_sidecar.systems import PlannerContext, PlannerEntry, System
@@ -43,7 +43,14 @@ def _check(options: Mapping[str, Any]) -> LiveSettings:
 
 
 def _build(s: LiveSettings, context: PlannerContext) -> LivePlanner:
-    return LivePlanner(s.pipeline, s.instances, s.config, drop=s.drop, budget=s.budget)
+    """Decision: the pipeline is planned for the SLO its logical model is served with (the model's
+    ``default_slo_us``), not the one its ``loki.json`` was built for: a deployment at another SLO plans for its own
+    (the simulation of the same deployment does)."""
+    slos = set(context.slo_ms.values())
+    if len(slos) > 1:
+        raise ValueError(f"loki plans one pipeline: its models must share one SLO, got {dict(context.slo_ms)}")
+    return LivePlanner(replace(s.pipeline, slo_ms=slos.pop()) if slos else s.pipeline, s.instances, s.config,
+                       drop=s.drop, budget=s.budget)
 
 
 SYSTEM = System("loki", (LokiPipeline,), PlannerEntry(
