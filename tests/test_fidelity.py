@@ -86,3 +86,28 @@ def test_the_spread_of_runs_is_min_median_max_per_system_and_load():
     table = _table(rows).splitlines()
     assert table[2].startswith("| loki | 1.3x | 3 | 0.850 / 0.900 | -5.00 (-10.00..0.00) | 0.50 |")
     assert len(table) == 4
+
+
+def test_a_live_runs_batch_times_are_counted_once_a_batch_over_their_p50():
+    from loadtest.requestlog import Entry, RequestLog
+
+    profile = _profile("digits", {"cpu": [10.0, 12.0, 16.0, 30.0]})
+    # a batch of two (both its requests logged), one of one, and a request that failed
+    entries = [Entry(0, 0.0, 100.0, status="ok", variant="digits-big", batch_size=2, service_ms=18.0, worker="w"),
+               Entry(1, 0.0, 100.0, status="ok", variant="digits-big", batch_size=2, service_ms=18.0, worker="w"),
+               Entry(2, 0.1, 100.0, status="ok", variant="digits-small", batch_size=1, service_ms=10.0, worker="w"),
+               Entry(3, 0.2, 100.0, status="error", variant="digits-big", batch_size=1, worker="w")]
+    assert sorted(common.batch_ratios(RequestLog(entries), profile)) == pytest.approx([1.5, 2.0])
+
+
+def test_a_world_with_latency_ratios_draws_each_batchs_time_from_them():
+    from scheduler_sidecar.sim.world import BatchLatency, World
+
+    profile = _profile("digits", {"cpu": [10.0, 12.0, 16.0, 30.0]})
+    latency = BatchLatency(World.uniform(1, latency_ratios=(1.0, 3.0)), [profile])
+    drawn = {latency.sample_us("digits-big", 4, 0) for _ in range(50)}
+    assert drawn == {16_000, 48_000}
+    assert BatchLatency(World.uniform(1), [profile]).sample_us("digits-big", 4, 0) == 16_000
+    for bad in ({"latency_ratios": (0.0,)}, {"latency_ratios": (1.0,), "latency_noise": "tail"}):
+        with pytest.raises(ValueError, match="latency_ratios"):
+            World.uniform(1, **bad)

@@ -132,6 +132,10 @@ def test_fidelity_command_compares_live_and_simulated(fast_build, tmp_path, caps
         assert result["capacity_qps"] == pytest.approx(capacity, abs=0.1) and result["slowdown"] == 50
         assert n == pytest.approx(0.5 * capacity * 2, rel=0.5)
     assert_gaps_of_both_sides(result)
+    # beside it, the simulation whose batches took what the live ones did (each over its p50)
+    measured = result["with_live_batch_times"]
+    assert len(measured["batch_time_over_p50"]) == 3 and measured["batch_time_over_p50"][0] > 0
+    assert_gaps_of_both_sides(measured)
 
 
 def test_fidelity_proteus_takes_over_what_the_live_run_measured(capsys):

@@ -3,8 +3,10 @@ how long a batch and a model load take, and when workers fail.
 
 A batch takes the profiled p50 of (variant, batch size) on the worker's device kind, divided by
 the worker's speed, or, with ``latency_noise="tail"``, a lognormal sample whose median is that
-p50 and whose 99th percentile is the p99; plus ``batch_overhead_ms``, what serving adds to the
-model's own time where the profile leaves it out (a live deployment's RPC and server, measured).
+p50 and whose 99th percentile is the p99, or, with ``latency_ratios``, that p50 times one of those
+ratios drawn at random (a live run's batches' service times over their profiled p50s: its own spread,
+tail and all); plus ``batch_overhead_ms``, what serving adds to the model's own time where the profile
+leaves it out (a live deployment's RPC and server, measured).
 A batch between profiled sizes is padded to the next profiled size, as a batching server runs it.
 """
 
@@ -39,6 +41,7 @@ class World:
     # model load time, per Triton model or for all; None: the profiles' measured load times, 0 where none is known
     load_ms: Mapping[str, float] | float | None = None
     batch_overhead_ms: float = 0.0  # added to every batch's latency
+    latency_ratios: tuple[float, ...] = ()  # measured: each batch's p50 times one of these, drawn at random
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -47,6 +50,8 @@ class World:
             raise ValueError("worker speeds must be positive")
         if not self.batch_overhead_ms >= 0:
             raise ValueError(f"batch_overhead_ms must be >= 0, got {self.batch_overhead_ms}")
+        if not all(r > 0 for r in self.latency_ratios) or (self.latency_ratios and self.latency_noise != "none"):
+            raise ValueError("latency_ratios must be > 0, and take the place of latency_noise")
 
     @classmethod
     def uniform(cls, workers: int, device: str = "cpu", **options) -> World:
@@ -95,4 +100,6 @@ class BatchLatency:
             p50 /= worker.speed
         if self.world.latency_noise == "tail":
             p50 *= math.exp(sigma * self.rng.standard_normal())
+        elif self.world.latency_ratios:
+            p50 *= self.world.latency_ratios[int(self.rng.integers(len(self.world.latency_ratios)))]
         return max(1, round(p50 + self.world.batch_overhead_ms * 1000))

@@ -157,8 +157,14 @@ def spread(results: list[dict]) -> list[dict]:
              "live_attainment": over([r["live_sidecar"]["slo_attainment"] for r in rs]),
              "simulated_attainment": over([r["simulated"]["slo_attainment"] for r in rs]),
              **{f"{what}_gap_pts_{side}": over([r[f"{what}_gap_pts"][side] for r in rs])
-                for what in ("attainment", "accuracy") for side in SIDES}}
+                for what in ("attainment", "accuracy") for side in SIDES},
+             **({MEASURED: over([r["with_live_batch_times"]["attainment_gap_pts"]["sidecar"] for r in rs])}
+                if all("with_live_batch_times" in r for r in rs) else {})}
             for (system, load), rs in cells.items()]
+
+
+# the sidecar's attainment gap against a simulation whose batches took what the live run's did (superserve, ramsis)
+MEASURED = "attainment_gap_pts_sidecar_live_batch_times"
 
 
 def _table(rows: list[dict]) -> str:
@@ -166,14 +172,17 @@ def _table(rows: list[dict]) -> str:
     def cell(x: list[float]) -> str:
         return f"{x[1]:.2f} ({x[0]:.2f}..{x[2]:.2f})" if x[0] != x[2] else f"{x[1]:.2f}"
 
+    measured = any(MEASURED in r for r in rows)
     head = ["system", "load", "runs", "attainment live / simulated",
-            *(f"{what} gap, {side}" for side in SIDES for what in ("attainment", "accuracy"))]
+            *(f"{what} gap, {side}" for side in SIDES for what in ("attainment", "accuracy")),
+            *(["attainment gap, sidecar, simulated with the live batch times"] if measured else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append("| " + " | ".join([
             r["system"], f"{r['load']:g}x" if r["load"] else "-", str(r["runs"]),
             f"{r['live_attainment'][1]:.3f} / {r['simulated_attainment'][1]:.3f}",
-            *(cell(r[f"{what}_gap_pts_{side}"]) for side in SIDES for what in ("attainment", "accuracy"))]) + " |")
+            *(cell(r[f"{what}_gap_pts_{side}"]) for side in SIDES for what in ("attainment", "accuracy")),
+            *([cell(r[MEASURED]) if MEASURED in r else "-"] if measured else [])]) + " |")
     return "\n".join(lines)
 
 
@@ -189,6 +198,10 @@ def _print(system: str, result: dict) -> None:
     for model, by in result.get("by_model", {}).items():
         for name, r in (("live, sidecar", by["live_sidecar"]), ("simulated", by["simulated"])):
             print(f"{model + ', ' + name:<26} {r['slo_attainment']:>10.4f} {100 * r[accuracy]:>8.2f}%")
+    if "with_live_batch_times" in result:
+        m = result["with_live_batch_times"]
+        print(f"simulated with the live batch times (over their p50: p50/p90/p99 {m['batch_time_over_p50']}): "
+              f"attainment {m['simulated']['slo_attainment']:.4f}, gap (points) {m['attainment_gap_pts']}")
     for key in ("deployment", "differences"):
         for name, value in result.get(key, {}).items():
             print(f"{name}: {json.dumps(value)}")

@@ -18,6 +18,7 @@ from loadtest.traces import bursty
 
 if TYPE_CHECKING:
     from loadtest.requestlog import RequestLog
+    from scheduler_sidecar.core.profile import Profile
 
 
 Progress = Callable[[str], None]
@@ -96,3 +97,12 @@ def client_delay_ms(logs: list[RequestLog]) -> list[float]:
                             for log in logs])
     delay = delay[np.isfinite(delay)]
     return [round(float(np.percentile(delay, q)), 1) for q in (50, 99)] if len(delay) else []
+
+
+def batch_ratios(log: RequestLog, profile: Profile) -> tuple[float, ...]:
+    """Each batch the live run served: its service time over its variant's profiled p50 at its size on the profile's
+    device kind (a batch's requests share worker, variant, size and service time, so it counts once)."""
+    device = profile.device_kinds[0]
+    variants = {v.id: v for v in profile.variants}
+    batches = {(e.worker, e.variant, e.batch_size, e.service_ms) for e in log.entries if e.status == "ok"}
+    return tuple(service_ms / variants[v].latency[device].p50_at(b) for _, v, b, service_ms in sorted(batches))

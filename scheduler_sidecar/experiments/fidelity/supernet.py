@@ -17,13 +17,17 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from loadtest.loadtest_cli import loadtest
+from loadtest.requestlog import RequestLog
 from loadtest.traces import Trace
 from scheduler_sidecar.core.profile import Profile
 from scheduler_sidecar.experiments.bursts import capacity_qps
 from scheduler_sidecar.experiments.deployment import Device, deploy
 from scheduler_sidecar.experiments.fidelity.common import (
     Progress,
+    batch_ratios,
     default_trace,
     gaps,
     sidecar_view,
@@ -32,7 +36,8 @@ from scheduler_sidecar.experiments.fidelity.common import (
 from scheduler_sidecar.experiments.simulate import load_queries
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.service import model_policy
-from scheduler_sidecar.sim.simulator import SimConfig, Simulator
+from scheduler_sidecar.sim.simulator import Simulator
+from scheduler_sidecar.sim.world import World
 from scheduler_sidecar.systems.ramsis.generate import generate_set
 from scheduler_sidecar.systems.ramsis.mdp import MdpSpec
 from scheduler_sidecar.systems.ramsis.model_table import MAX_QUEUE, from_profile
@@ -59,13 +64,28 @@ def _single_model(args: argparse.Namespace, tmp: Path, progress: Progress, polic
         client = loadtest(trace_path, sidecar.grpc_url, tmp / "run", model=MODEL, slo_ms=args.slo_ms,
                           progress_s=0 if args.json else 5.0)["summary"]
         server = sidecar_view(sidecar.http_url)
-    arrival_us, deadline_us = load_queries(trace_path, args.slo_ms)
-    sim = Simulator(model_policy(spec, profile), SimConfig(workers=args.workers), admission=spec.admission).run(
-        arrival_us, deadline_us)
+        (tmp / "sidecar.log").write_text(sidecar.log_path.read_text())
+    live = {"live_client": client, "live_sidecar": server}
+    ratios = batch_ratios(RequestLog.load(tmp / "run" / "requests.csv"), profile)
+    # beside the simulation as planned, one whose batches take what the live run's took (their spread over their
+    # p50s, drawn at random): how much of a gap the live batches' own times explain
+    over_p50 = [round(float(np.percentile(ratios, q)), 3) for q in (50, 90, 99)] if ratios else []
+    measured = gaps({**live, "simulated": simulate(spec, profile, trace_path, args, ratios),
+                     "batch_time_over_p50": over_p50})
     return gaps({"system": args.system, "policy": policy, "queries": len(trace), "workers": args.workers,
                  "slowdown": args.slowdown, "slo_ms": args.slo_ms,
                  "capacity_qps": round(capacity, 1), "rate_qps": round(trace.mean_rate_qps, 1),
-                 "live_client": client, "live_sidecar": server, "simulated": sim_view(sim.summary())})
+                 **live, "simulated": simulate(spec, profile, trace_path, args), "with_live_batch_times": measured})
+
+
+def simulate(spec: ModelSpec, profile: Profile, trace: Path, args: argparse.Namespace,
+             ratios: tuple[float, ...] = ()) -> dict:
+    """The deployment simulated on ``trace``: each batch its profiled p50, or that times one of a live run's
+    ``ratios`` (what its batches took over their p50s), drawn at random."""
+    arrival_us, deadline_us = load_queries(trace, args.slo_ms)
+    world = World.uniform(args.workers, profile.device_kinds[0], latency_ratios=tuple(ratios))
+    result = Simulator(model_policy(spec, profile), world, admission=spec.admission).run(arrival_us, deadline_us)
+    return sim_view(result.summary())
 
 
 def _profile(args: argparse.Namespace, tmp: Path) -> tuple[Profile, Path]:
