@@ -408,7 +408,7 @@ def test_every_policy_can_drive_the_live_model():
 @pytest.mark.parametrize("calibrate", [True, False])
 def test_latency_calibration_scales_the_table_the_same_policy_reads(calibrate):
     """Batches that take no time on the fake clock: the policy's latency table is scaled in place."""
-    from scheduler_sidecar.live.driver import CALIBRATION_BOUNDS, CALIBRATION_WINDOW
+    from scheduler_sidecar.core.latency import CALIBRATION_BOUNDS, CALIBRATION_WINDOW
 
     async def main():
         driver, (model,) = make_driver(worker(gated=False), latency_calibration=calibrate)

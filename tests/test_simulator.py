@@ -127,3 +127,22 @@ def test_a_worlds_batch_overhead_adds_to_every_batch():
     finish = [Simulator(make_policy("slackfit", PROFILE), World.uniform(1, batch_overhead_ms=ms)).run(
         arrival, arrival + 50_000).finish_us for ms in (0.0, 2.5)]
     assert (finish[1] - finish[0]).tolist() == [2_500, 2_500]
+
+
+@pytest.mark.parametrize("calibrate", [True, False])
+def test_a_calibrated_simulation_plans_with_what_its_batches_take(calibrate):
+    """Every batch takes twice its p50 (a live run's measured ratio): with calibration the policy's table is scaled
+    by 2 once a window of batches has run, by the live driver's rule; without it, never. At exactly p50 (the
+    default world) calibration changes nothing."""
+    from scheduler_sidecar.core.latency import CALIBRATION_WINDOW
+
+    arrival = np.arange(4 * CALIBRATION_WINDOW, dtype=np.int64) * 20_000
+    slow = SlackFit(PROFILE)
+    Simulator(slow, World.uniform(1, latency_ratios=(2.0,)), calibrate=calibrate).run(arrival, arrival + 500_000)
+    assert slow.latency.scale("cpu") == (2.0 if calibrate else 1.0)
+    exact, plain = SlackFit(PROFILE), SlackFit(PROFILE)
+    with_rule = Simulator(exact, SimConfig(workers=1), calibrate=True).run(arrival, arrival + 500_000)
+    without = Simulator(plain, SimConfig(workers=1)).run(arrival, arrival + 500_000)
+    assert exact.latency.scale("cpu") == 1.0
+    assert np.array_equal(with_rule.outcome, without.outcome) and np.array_equal(with_rule.finish_us,
+                                                                                  without.finish_us)

@@ -15,10 +15,10 @@ model; the client then gets the last step's answer, which says the variant that 
 Latency calibration (``ModelSpec.latency_calibration``, on by default). A profile is measured
 on an idle worker; under load, on a shared CPU, batches can run well over their profiled p50,
 and a policy that trusts the profile then plans batches that miss their deadlines. The driver
-keeps the ratio of each batch's measured service time to its profiled p50 over the last
-``CALIBRATION_WINDOW`` batches and, when the window's 90th percentile moves more than
-``CALIBRATION_TOLERANCE`` from the factor in use, scales the latency table the policy reads by
-it. The policy object, and whatever state it keeps, stays.
+gives each batch's measured service time to :class:`~scheduler_sidecar.core.latency.Calibration`,
+which scales the latency table the policy reads when the batches' times move from the factor in
+use (the simulator applies the same rule where it is asked to). The policy object, and whatever
+state it keeps, stays.
 
 Every request ends exactly once (the engine's records): answered (met or late), dropped by the
 policy (DEADLINE_EXCEEDED), refused on arrival (INVALID_ARGUMENT/UNAVAILABLE), or failed. A
@@ -29,7 +29,6 @@ request whose client leaves is taken off the queue (or its answer discarded if i
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import time
@@ -40,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from scheduler_sidecar.core.engine import Engine, QueryType, TypeLimits
+from scheduler_sidecar.core.latency import Calibration
 from scheduler_sidecar.core.plan import Demand, Planner
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.profile import Profile, Variant
@@ -63,25 +63,11 @@ log = logging.getLogger(__name__)
 
 CONTROL_INPUT = "CONTROL"  # the supernet models' control tensor, filled in by the sidecar
 RPC_GRACE_S = 2.0  # a worker RPC may run this long past its batch's last deadline before it is abandoned
-CALIBRATION_WINDOW = 64  # batches whose measured/profiled latency ratio is kept
-CALIBRATION_QUANTILE = 90  # plan with a factor most batches stay under
-CALIBRATION_TOLERANCE = 0.1  # re-plan when that factor moves by more than 10%
-CALIBRATION_BOUNDS = (0.5, 10.0)  # a factor outside these means a broken measurement, not a slow worker
 DEFAULT_LOAD_US = 2_000_000  # expected model load time until one has been measured, where no profile states one
 
 
 def now_us() -> int:
     return time.monotonic_ns() // 1000
-
-
-def _percentile(values: Iterable[float], q: float) -> float:
-    """numpy's default (linear) percentile, without numpy: it is asked after every batch, on 64 values, where
-    ``np.percentile`` cost 5.8% of the sidecar's samples at 1,000 requests/s."""
-    ordered = sorted(values)
-    position = q / 100 * (len(ordered) - 1)
-    below = int(position)
-    above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
 @dataclass(frozen=True)
@@ -250,7 +236,7 @@ class LiveDriver:
         self.on_worker_lost = on_worker_lost or (lambda worker, reason: None)
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count()
-        self._ratios: dict[tuple[str, str], collections.deque[float]] = {}  # (type, device) -> measured/profiled
+        self._calibration = Calibration()
         # Triton model -> last measured load time (the profile's measured one until then)
         self._load_us = {m: round(ms * 1000) for _, p in pairs for m, ms in p.profile.load_ms().items()}
         self._loads: dict[tuple[str, str], asyncio.Future] = {}  # (Triton, model) -> its load in progress
@@ -582,18 +568,11 @@ class LiveDriver:
         return tuple(out)
 
     def _calibrate(self, model: LiveModel, variant: Variant, device: str, batch_size: int, service_us: int) -> None:
-        latency = self.engine.types[model.name].policy.latency
-        profiled_us = variant.latency[device].p50_at(batch_size) * 1000
-        ratios = self._ratios.setdefault((model.name, device), collections.deque(maxlen=CALIBRATION_WINDOW))
-        ratios.append(service_us / profiled_us)
-        if len(ratios) < CALIBRATION_WINDOW:
-            return
-        low, high = CALIBRATION_BOUNDS
-        factor = min(high, max(low, _percentile(ratios, CALIBRATION_QUANTILE)))
-        if abs(factor / latency.scale(device) - 1) > CALIBRATION_TOLERANCE:
+        factor = self._calibration.observe(model.name, self.engine.types[model.name].policy.latency, device,
+                                           variant.latency[device].p50_at(batch_size), service_us)
+        if factor is not None:
             log.info("model %s: batches on %s run %.2fx their profiled latency; re-planning", model.name, device,
                      factor)
-            latency.set_scale(device, factor)
             model.stats.latency_scale.set(factor)
 
     def load(self, worker: WorkerState, model: str) -> int:

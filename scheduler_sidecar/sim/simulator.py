@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 
 from scheduler_sidecar.core.engine import SIMULATED, Engine, QueryType, TypeLimits
+from scheduler_sidecar.core.latency import Calibration
 from scheduler_sidecar.core.plan import Demand, Planner
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.records import Batch, BatchResult, Outcome, Query, QueryRecord, WorkerState
@@ -58,13 +59,15 @@ class Simulator:
     several types sharing the world's workers. ``planners`` plan them, each over its scope (one over everything,
     or several over their own types and workers, as a sidecar serving several systems). ``result_model`` says what a batch creates (a
     pipeline's next stage, a cascade's escalation); by default nothing. ``plan_delay_us`` says how
-    long after it was asked for, at a time, a plan comes into force; by default at once.
+    long after it was asked for, at a time, a plan comes into force; by default at once. ``calibrate``: each
+    batch's time rescales its policy's latency table as the live driver's calibration does (where the world's batches
+    do not take their profiled p50: ``World.latency_ratios``, a live run's).
     """
 
     def __init__(self, policy: Policy | Mapping[str, Policy], config: SimConfig | World, *,
                  planners: Sequence[Planner] = (), result_model: ResultModel | None = None,
                  max_attempts: int = SIMULATED.max_attempts, plan_delay_us: Callable[[int], int] | None = None,
-                 admission: bool = SIMULATED.admission) -> None:
+                 admission: bool = SIMULATED.admission, calibrate: bool = False) -> None:
         policies = {"": policy} if isinstance(policy, Policy) else dict(policy)
         if not policies:
             raise ValueError("a simulation needs at least one policy")
@@ -79,6 +82,13 @@ class Simulator:
         self.result_model = result_model
         self.plan_delay_us = plan_delay_us
         self.latency = BatchLatency(self.world, [p.profile for p in policies.values()])
+        self.calibration = Calibration() if calibrate else None
+
+    def _calibrate(self, engine: Engine, batch: Batch, now_us: int) -> None:
+        table = engine.types[batch.queries[0].type].policy.latency
+        self.calibration.observe(batch.queries[0].type, table, batch.device,
+                                 table.profiled_ms(batch.variant_id, len(batch.queries), batch.device),
+                                 now_us - batch.start_us)
 
     def run(self, arrival_us: Sequence[int] | np.ndarray, deadline_us: Sequence[int] | np.ndarray,
             query_types: Sequence[str] | None = None, *, start_us: int = 0) -> SimResult:
@@ -109,6 +119,8 @@ class Simulator:
                 if kind != _WAKEUP:
                     run.work -= 1
                 if kind == _COMPLETION:
+                    if self.calibration is not None:
+                        self._calibrate(engine, payload, run.now)
                     engine.batch_done(payload, self.result_model(payload, run.now, run.new_id)
                                       if self.result_model is not None else BatchResult())
                 elif kind == _LOAD:

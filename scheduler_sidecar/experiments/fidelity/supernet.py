@@ -81,10 +81,12 @@ def _single_model(args: argparse.Namespace, tmp: Path, progress: Progress, polic
 def simulate(spec: ModelSpec, profile: Profile, trace: Path, args: argparse.Namespace,
              ratios: tuple[float, ...] = ()) -> dict:
     """The deployment simulated on ``trace``: each batch its profiled p50, or that times one of a live run's
-    ``ratios`` (what its batches took over their p50s), drawn at random."""
+    ``ratios`` (what its batches took over their p50s), drawn at random; the policy's latency table calibrated by
+    the batches' times as the sidecar's is."""
     arrival_us, deadline_us = load_queries(trace, args.slo_ms)
     world = World.uniform(args.workers, profile.device_kinds[0], latency_ratios=tuple(ratios))
-    result = Simulator(model_policy(spec, profile), world, admission=spec.admission).run(arrival_us, deadline_us)
+    result = Simulator(model_policy(spec, profile), world, admission=spec.admission,
+                       calibrate=spec.latency_calibration).run(arrival_us, deadline_us)
     return sim_view(result.summary())
 
 
