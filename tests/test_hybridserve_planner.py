@@ -137,7 +137,7 @@ def test_the_sidecar_serves_a_per_server_plan_on_two_tritons(hybridserve_family,
     the sidecar logged for it, and every request is answered."""
     from export.repository import write_cascade  # onnx, torch: only this test
 
-    family, rate_qps, duration_s, bls_name = hybridserve_family, 40.0, 8.0, "cascade_on_two"
+    family, rate_qps, duration_s, bls_name = hybridserve_family, 40.0, 6.0, "cascade_on_two"
     stamp = family.folder / "cascade.json"
     point = HybridServePlanner.from_family(stamp, "eo", demo.BLS).point
     # the emulated device on which the demand is 1.1x what the faster server alone serves (kernels one at a time)
