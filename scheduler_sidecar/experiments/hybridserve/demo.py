@@ -54,7 +54,7 @@ from scheduler_sidecar.processes.sidecar import SidecarServer
 from scheduler_sidecar.processes.triton_launcher import TritonServer
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.hybridserve.family import Family
-from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
+from scheduler_sidecar.systems.hybridserve.live import DEFAULT_CONFIG, HybridServeConfig, HybridServePlanner
 from scheduler_sidecar.systems.hybridserve.placement import BALANCED, NEAREST
 from scheduler_sidecar.systems.hybridserve.planner import OperatingPoint, operating_points, pruned_point
 from scheduler_sidecar.systems.hybridserve.pruning import prune
@@ -197,10 +197,12 @@ def sidecar_config(stamp: Path, profile: Path, mode: str, prune: bool, config: H
                    slo_ms: float, model: str = MODEL) -> str:
     """The sidecar's config: HybridServe's planner deploying ``mode`` of the family ``stamp`` with ``config`` (a
     ``[[planners]]`` entry), and the cascade (``profile``) the logical model ``model``, its only one."""
+    # the planner's period and device speeds where they are not its defaults
     speeds = ", ".join(f"{json.dumps(kind)} = {speed}" for kind, speed in config.device_speeds.items())
     return (f'[[planners]]\nkind = "hybridserve"\nfamily = "{stamp.absolute()}"\nmode = "{mode}"\n'
             f'prune = {str(prune).lower()}\ninstances = {config.instances}\nrounding = "{config.rounding}"\n'
-            f'slowdown = {config.slowdown}\nperiod_s = {config.period_s}\n'
+            f'slowdown = {config.slowdown}\n'
+            + (f"period_s = {config.period_s}\n" if config.period_s != DEFAULT_CONFIG.period_s else "")
             + (f"device_speeds = {{ {speeds} }}\n" if speeds else "")
             + f'[[models]]\nname = "{model}"\nprofile = "{profile.absolute()}"\npolicy = "cascade"\n'
             # admission off: the cascade's simulation (which bench fidelity compares with this deployment) has
