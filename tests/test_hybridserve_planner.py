@@ -130,7 +130,7 @@ def test_placement_onto_two_device_kinds_follows_the_demand(hybridserve_family, 
 
 @pytest.mark.slow
 @pytest.mark.triton
-def test_the_sidecar_serves_a_per_server_plan_on_two_tritons(hybridserve_family, tmp_path):
+def test_the_sidecar_serves_a_per_server_plan_on_two_tritons(hybridserve_family, pruned, tmp_path):
     """The sidecar in front of two Tritons, the second an emulated device 3x slower (its kind's speed 1/3 to the
     planner), under a demand the faster one alone cannot carry: the placement program's counts differ between the
     two, the sidecar sets each Triton's as the plan says (one call per server and model), each Triton then runs what
@@ -139,7 +139,7 @@ def test_the_sidecar_serves_a_per_server_plan_on_two_tritons(hybridserve_family,
 
     family, rate_qps, duration_s, bls_name = hybridserve_family, 40.0, 6.0, "cascade_on_two"
     stamp = family.folder / "cascade.json"
-    point = HybridServePlanner.from_family(stamp, "eo", demo.BLS).point
+    point = pruned_point(family, pruned["eo"], "eo")  # the point the sidecar's planner finds from the same options
     # the emulated device on which the demand is 1.1x what the faster server alone serves (kernels one at a time)
     slowdown = 1.1 / rate_qps / float(np.dot(point.validation.reach, point.service_s(family)))
     settings = HybridServeConfig(8, slowdown=slowdown, period_s=2.0, device_speeds={"cpu-x3": 1 / 3})
