@@ -513,3 +513,24 @@ def test_a_native_edge_that_cannot_load_says_what_it_needs(tmp_path, monkeypatch
         edge(tmp_path)
     module, why = built_edge(tmp_path)
     assert module is None and "cannot be loaded" in why
+
+
+def test_a_sidecar_whose_port_was_taken_first_starts_again_on_new_ports(fast_build, triton, monkeypatch):
+    """Another process binds a port picked for the sidecar before the sidecar does (free ports race on a busy
+    host): it starts again on new ports, and its log keeps the collision."""
+    import socket
+
+    from scheduler_sidecar.processes import sidecar as launcher
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        picks, pick = iter([taken]), launcher.free_port
+        monkeypatch.setattr(launcher, "free_port", lambda: next(picks, None) or pick())
+        with SidecarServer(workers=[triton.grpc_url], profile=fast_build.profile_path,
+                           extra_args=["--edge", "python"]) as server:
+            assert taken not in (server.http_port, server.grpc_port)
+            assert launcher.port_taken(server.log_path.read_text())
+            with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready") as response:
+                assert response.status == 200
