@@ -15,6 +15,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.traces import bursty
+from scheduler_sidecar.errors import ConfigError
 
 if TYPE_CHECKING:
     from loadtest.requestlog import RequestLog
@@ -86,7 +87,8 @@ def at_load(args: argparse.Namespace, capacity_qps: float | None) -> float:
     """The rate ``--load`` asks for: the load times the deployment's planned capacity (each system's own notion of
     it, which its run reports as ``capacity_qps``)."""
     if capacity_qps is None or not capacity_qps > 0:
-        raise ValueError(f"{args.system}: --load needs the deployment's planned capacity, got {capacity_qps!r}")
+        raise ConfigError(f"{args.system}: --load needs the deployment's planned capacity, which is "
+                          f"{capacity_qps!r} here (no plan of its most accurate configuration meets the SLO)")
     return args.load * capacity_qps
 
 
