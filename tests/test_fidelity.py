@@ -30,7 +30,7 @@ def test_proteus_capacity_is_what_every_device_serves_on_the_most_accurate_varia
     """One query type: each device serves its kind's peak rate of the most accurate variant within SLO/2 (the
     small variant, twice as fast, is not counted), and the MILP's largest common share adds them up."""
     ms = {"slow": [10.0, 12.0, 16.0, 30.0], "slower": [30.0, 36.0, 48.0, 90.0]}
-    args = argparse.Namespace(slo_ms=100.0, base_qps=20.0, burst_qps=250.0)
+    args = argparse.Namespace(slo_ms=100.0, base_qps=20.0, burst_qps=250.0, duration_s=30.0)
     profile = _profile("digits", ms)
     expected = sum(PAPER.capacity_qps(profile.variants[0].latency[kind], args.slo_ms) for kind in demo.DEVICES)
     assert proteus.planned_capacity({"digits": profile}, args) == pytest.approx(expected, rel=1e-4)

@@ -26,7 +26,7 @@ class LatencyTable:
 
     def us(self, variant_id: str, batch_size: int, device: str) -> int:
         """Expected p50 of a batch of ``batch_size`` on ``device`` in integer microseconds."""
-        p50_ms = self._curve(variant_id, device).p50_at(batch_size)
+        p50_ms = self.profiled_ms(variant_id, batch_size, device)
         scale = self._scale.get(device)
         return round((p50_ms if scale is None else p50_ms * scale) * 1000)
 
@@ -69,12 +69,12 @@ class Calibration:
     def __init__(self) -> None:
         self._ratios: dict[tuple[str, str], collections.deque[float]] = {}
 
-    def observe(self, query_type: str, table: LatencyTable, device: str, profiled_ms: float,
+    def observe(self, query_type: str, table: LatencyTable, variant_id: str, batch_size: int, device: str,
                 service_us: int) -> float | None:
-        """A batch of ``query_type`` took ``service_us`` on ``device`` where its profile says ``profiled_ms``: the
-        factor ``table`` now plans with, where this batch changed it; else None."""
+        """A batch of ``query_type`` took ``service_us`` on ``device``: the factor ``table`` now plans with, where
+        this batch changed it; else None."""
         ratios = self._ratios.setdefault((query_type, device), collections.deque(maxlen=CALIBRATION_WINDOW))
-        ratios.append(service_us / (profiled_ms * 1000))
+        ratios.append(service_us / (table.profiled_ms(variant_id, batch_size, device) * 1000))
         if len(ratios) < CALIBRATION_WINDOW:
             return None
         low, high = CALIBRATION_BOUNDS

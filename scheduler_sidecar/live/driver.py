@@ -568,8 +568,8 @@ class LiveDriver:
         return tuple(out)
 
     def _calibrate(self, model: LiveModel, variant: Variant, device: str, batch_size: int, service_us: int) -> None:
-        factor = self._calibration.observe(model.name, self.engine.types[model.name].policy.latency, device,
-                                           variant.latency[device].p50_at(batch_size), service_us)
+        factor = self._calibration.observe(model.name, self.engine.types[model.name].policy.latency, variant.id,
+                                           batch_size, device, service_us)
         if factor is not None:
             log.info("model %s: batches on %s run %.2fx their profiled latency; re-planning", model.name, device,
                      factor)

@@ -85,10 +85,9 @@ class Simulator:
         self.calibration = Calibration() if calibrate else None
 
     def _calibrate(self, engine: Engine, batch: Batch, now_us: int) -> None:
-        table = engine.types[batch.queries[0].type].policy.latency
-        self.calibration.observe(batch.queries[0].type, table, batch.device,
-                                 table.profiled_ms(batch.variant_id, len(batch.queries), batch.device),
-                                 now_us - batch.start_us)
+        kind = batch.queries[0].type
+        self.calibration.observe(kind, engine.types[kind].policy.latency, batch.variant_id, len(batch.queries),
+                                 batch.device, now_us - batch.start_us)
 
     def run(self, arrival_us: Sequence[int] | np.ndarray, deadline_us: Sequence[int] | np.ndarray,
             query_types: Sequence[str] | None = None, *, start_us: int = 0) -> SimResult:

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 
+# a planned capacity is what a plan serves of a demand this many times what every worker on its fastest option
+# serves: beyond any plan's reach
+BEYOND_REACH = 2.0
+
 
 
 def gaps(result: dict, accuracy: str = "mean_serving_accuracy") -> dict:

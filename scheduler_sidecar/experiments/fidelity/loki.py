@@ -21,14 +21,13 @@ import numpy as np
 
 from loadtest.traces import Trace
 from scheduler_sidecar.experiments.deployment import LOADED, Device, deploy
-from scheduler_sidecar.experiments.fidelity.common import Progress, default_trace, gaps
+from scheduler_sidecar.experiments.fidelity.common import BEYOND_REACH, Progress, default_trace, gaps
 from scheduler_sidecar.experiments.loki import demo as loki_demo
 from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.data import trained
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM
 
-OVERLOAD_FACTOR = 2.0  # a demand this many times what every replica on its fastest variant serves: beyond reach
 INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling has room
 
 
@@ -86,6 +85,6 @@ def planned_capacity(pipeline: Pipeline, instances: int) -> float:
     """The most frames per second Loki's resource manager serves on ``instances`` replicas with every task on its
     most accurate variant (hardware scaling alone, InferLine's plan): beyond it, accuracy scaling must serve. The
     share of a demand beyond reach that such a plan serves, times that demand."""
-    beyond = OVERLOAD_FACTOR * instances * max(v.throughput_qps(v.latency.batch_sizes[-1])
+    beyond = BEYOND_REACH * instances * max(v.throughput_qps(v.latency.batch_sizes[-1])
                                                for t in pipeline.tasks for v in t.variants)
     return milp.plan(pipeline, beyond, instances, top_only=True).served * beyond

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from scheduler_sidecar.sim.results import SimResult
 from scheduler_sidecar.experiments.deployment import LOADED
 from scheduler_sidecar.experiments.fidelity.common import (
+    BEYOND_REACH,
     Progress,
     at_load,
     client_delay_ms,
@@ -70,7 +71,6 @@ from scheduler_sidecar.experiments.fidelity.common import (
 PLANNED = re.compile(r"plan asked for at ([\d.]+) s, ready at ([\d.]+) s \(since the start\)")
 ORIGIN = re.compile(r"plan times below count from the start: monotonic clock ([\d.]+) s")
 
-OVERLOAD_FACTOR = 2.0  # a demand this many times what every device on its fastest option serves: beyond reach
 PLAN_MATCH_S = 0.1  # a simulated plan asked for this close to a live one is the same plan
 
 
@@ -80,7 +80,7 @@ def proteus(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     profiles = {q: Profile.load(path) for q, path in paths.items()}
     capacity = planned_capacity(profiles, args)
     if args.load is not None:  # the burst third's mix at the load asked for
-        scale = at_load(args, capacity) / (args.burst_qps + (len(paths) - 1) * args.base_qps)
+        scale = at_load(args, capacity) / sum(_burst_mix(profiles, args).values())
         args.base_qps, args.burst_qps = scale * args.base_qps, scale * args.burst_qps
     traces = {q: _demo_trace(q, args, tmp / f"trace-{q}.txt", seed) for seed, q in enumerate(paths)}
     replays = [Replay(q, traces[q], save_payloads(tmp / f"payloads-{q}.npz", *demo.samples(q))) for q in paths]
@@ -124,10 +124,15 @@ def planned_capacity(profiles: Mapping[str, Profile], args: argparse.Namespace) 
     pools, _ = planner.pools()
     best = {q: max(p.variants, key=lambda v: v.accuracy).id for q, p in profiles.items()}
     options = tuple(o for o in planner.options if o.variant == best[o.type])
-    mix = {q: args.burst_qps if q == "digits" else args.base_qps for q in profiles}
-    beyond = OVERLOAD_FACTOR * len(demo.DEVICES) * max(o.capacity_qps for o in options) / sum(mix.values())
+    mix = _burst_mix(profiles, args)
+    beyond = BEYOND_REACH * len(demo.DEVICES) * max(o.capacity_qps for o in options) / sum(mix.values())
     problem = milp.Problem(pools, options, {q: beyond * r for q, r in mix.items()})
     return milp.max_scale(problem) * beyond * sum(mix.values())
+
+
+def _burst_mix(profiles: Mapping[str, Profile], args: argparse.Namespace) -> dict[str, float]:
+    """Each type's rate in the demo's middle (burst) third."""
+    return {q: rate_qps(q, args.duration_s / 2, args.duration_s, args.base_qps, args.burst_qps) for q in profiles}
 
 
 @dataclass(frozen=True)
