@@ -13,6 +13,8 @@ largest, as Fig. 3's c = 0.7 -> successor, c = 0.2 -> largest. Without skips eve
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 # §IV-A prints f(P) = max(P^2); on probabilities squaring is monotone, so it only reparametrises the thresholds
@@ -50,3 +52,12 @@ def route(i: int, conf: np.ndarray, thresholds: np.ndarray, last: int, skip: boo
         bin_ = np.clip(np.floor(conf / width), 0, successors - 1).astype(np.int8)  # 0: just above 0, top: below t_i
         onward = last - bin_
     return np.where(conf >= t, np.int8(ANSWER), onward)
+
+
+def answered_early(onward: np.ndarray, left: np.ndarray | float, cost: Sequence[float]) -> np.ndarray:
+    """SLO-aware forwarding (an extension; the paper has no SLO): which of the samples ``route`` sent on have less
+    time ``left`` than their next model's batch-1 time (``cost``, indexed by model, in the same unit), and so are
+    answered by the model at hand. The BLS model, the simulator and the sidecar's staged cascade all apply this."""
+    going = onward != ANSWER
+    need = np.where(going, np.asarray(cost, dtype=np.float64)[np.where(going, onward, 0)], 0.0)
+    return going & (need > left)

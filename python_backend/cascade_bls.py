@@ -36,7 +36,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from python_backend import bls
-from python_backend.cascade import ANSWER, CONFIDENT, EARLY, LAST, confidence, route
+from python_backend.cascade import ANSWER, CONFIDENT, EARLY, LAST, answered_early, confidence, route
 
 MAX_BATCH = 32  # a model's largest profiled batch
 
@@ -114,8 +114,7 @@ class TritonPythonModel:
             labels, c = confidence(bls.infer(name, x[rows], MAX_BATCH), plan["temperatures"][name])
             onward = route(i, c, np.asarray(plan["thresholds"][i] if i < last else 0.0), last, plan["skip"])
             elapsed_ms = (time.perf_counter() - start) * 1000
-            nxt_ms = np.array([plan["exec_ms"].get(models[j], 0.0) if j != ANSWER else 0.0 for j in onward])
-            early = (onward != ANSWER) & (elapsed_ms + nxt_ms > budget[rows])
+            early = answered_early(onward, budget[rows] - elapsed_ms, [plan["exec_ms"].get(m, 0.0) for m in models])
             done = (onward == ANSWER) | early
             label[rows[done]], model[rows[done]], conf[rows[done]] = labels[done], self.index[name], c[done]
             reason[rows[done]] = np.where(early[done], EARLY, CONFIDENT if i < last else LAST)

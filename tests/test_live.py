@@ -383,11 +383,16 @@ def test_a_follow_up_query_answers_its_parent_s_client():
         w = worker(gated=False)
         driver, (small, big) = make_driver(w, policies={"small": make_policy("infaas", make_profile()),
                                                          "big": make_policy("clipper", make_profile())})
-        small.follow_up = lambda inputs, out: ("big", inputs) if np.frombuffer(out["LOGITS"], np.float32)[0] < 2 else None
+        small.follow_up = lambda inputs, out, left_us: ("big", inputs) if np.frombuffer(out["LOGITS"], np.float32)[0] < 2 else None
         answers = await asyncio.gather(*(small.infer(row(i, 0), 1_000_000) for i in range(4)))
         assert [(logits(a)[0], logits(a)[1], a.variant_id) for a in answers] == [
             (0, 3, "v3"), (1, 3, "v3"), (2, 0, "v0"), (3, 0, "v0")]
         assert [c.model for c in w.calls].count("m3") >= 1 and driver.num_pending == 0
+        # each request is counted once, where it ended; the model that passed one on counts it escalated
+        counts = {(m.name, outcome): sum(m.stats.metrics.registry.get_sample_value(
+            "accscale_requests_total", {"model": m.name, "variant": v, "outcome": outcome}) or 0 for v in ("v0", "v3"))
+            for m in (small, big) for outcome in ("met", "escalated")}
+        assert counts == {("small", "met"): 2, ("small", "escalated"): 2, ("big", "met"): 2, ("big", "escalated"): 0}
 
     asyncio.run(main())
 

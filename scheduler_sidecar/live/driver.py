@@ -134,9 +134,10 @@ class LiveModel:
         self.control = {v.id: np.asarray(v.actuation.control, np.int32).tobytes()
                         for v in profile.variants if v.actuation.kind == "supernet"}
         self.driver: LiveDriver | None = None
-        # a cascade's escalation or a pipeline's next stage: (a query's input rows, its output rows) ->
-        # (the logical model of the next step, its input rows), or None when this answer is final
-        self.follow_up: Callable[[dict[str, bytes], dict[str, bytes]], tuple[str, dict[str, bytes]] | None] | None
+        # a cascade's escalation or a pipeline's next stage: (a query's input rows, its output rows, its time left
+        # in us) -> (the logical model of the next step, its input rows), or None when this answer is final
+        self.follow_up: Callable[[dict[str, bytes], dict[str, bytes], int],
+                                 tuple[str, dict[str, bytes]] | None] | None
         self.follow_up = None
 
     @property
@@ -390,11 +391,14 @@ class LiveDriver:
             return
         stats = pending.model.stats
         outcome = record.outcome
+        request = pending.request
+        if pending.handed_over and outcome in (Outcome.MET, Outcome.LATE):  # its follow-up's end is the request's
+            stats.request(record.variant_id or "", "escalated")
+            return
         label = "error" if isinstance(error, (WorkerFailed, InternalError)) else \
             "shed" if isinstance(error, Overloaded) else outcome.value
         stats.request(record.variant_id or "", label)
-        request = pending.request
-        if request.ended or (pending.handed_over and outcome in (Outcome.MET, Outcome.LATE)):
+        if request.ended:
             return
         if outcome is Outcome.MET or outcome is Outcome.LATE:
             rows, start, end, worker, slot = output
@@ -554,7 +558,7 @@ class LiveDriver:
         """
         out = []
         for p, answer in zip(rows, answers):
-            step = model.follow_up(p.inputs, answer)
+            step = model.follow_up(p.inputs, answer, p.query.deadline_us - now)
             if step is None:
                 continue
             name, inputs = step

@@ -100,6 +100,9 @@ class ModelSpec:
     latency_calibration: bool = True
     # shed at the door what the queue ahead already makes late (core.engine's admission); off: queue it anyway
     admission: bool = TypeLimits.admission
+    # HybridServe staged: this model is a cascade's first, and its answers escalate to the models that follow by the
+    # plan in this file (systems/hybridserve/stages.py); each of those is a logical model of this config
+    cascade: Path | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -161,6 +164,9 @@ class DiscoverySpec:
             raise ConfigError("discovery needs a service name, a port in 1-65535 and interval_s > 0")
 
 
+SLOTS = ("shared", "per_model")
+
+
 @dataclass(frozen=True)
 class SidecarConfig:
     models: tuple[ModelSpec, ...]
@@ -180,6 +186,10 @@ class SidecarConfig:
     worker_devices: dict[str, str] = field(default_factory=dict)  # worker url -> its device kind
     planners: tuple[PlannerSpec, ...] = ()
     discovery: DiscoverySpec | None = None
+    # the unplanned models' worker slots on a Triton: "shared", as many as the fewest instances of any of their
+    # Triton models, each running any of them (one batch at a time per slot); or "per_model", each Triton model's
+    # instances slots of its own (a cascade's models, which Triton runs side by side)
+    slots: str = "shared"
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -197,6 +207,8 @@ class SidecarConfig:
         stray = sorted(set(self.worker_devices) - set(self.workers))
         if stray:
             raise ConfigError(f"worker_devices names workers that are not in workers: {stray}")
+        if self.slots not in SLOTS:
+            raise ConfigError(f"slots must be one of {list(SLOTS)}, got {self.slots!r}")
         self._check_planners()
         for spec in self.models:
             if spec.default_slo_us > self.max_slo_us:
@@ -276,7 +288,8 @@ def load(path: Path | None, **overrides: Any) -> SidecarConfig:
         if not isinstance(m, dict) or not {"name", "profile"} <= set(m) or set(m) - model_keys:
             raise ConfigError(f"{path or 'config'}: models[{i}] needs 'name' and 'profile' and only keys of "
                              f"{sorted(model_keys)}")
-        models.append(ModelSpec(**{**m, "profile": Path(m["profile"])}))
+        paths = {k: Path(m[k]) for k in ("profile", "cascade") if isinstance(m.get(k), str)}
+        models.append(ModelSpec(**{**m, **paths}))
     if "planner" in raw and "planners" in raw:
         raise ConfigError(f"{path or 'config'}: [planner] or [[planners]], not both")
     entries = raw.pop("planners", None) or ([raw.pop("planner")] if "planner" in raw else [])

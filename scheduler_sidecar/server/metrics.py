@@ -3,7 +3,8 @@
 One registry per sidecar, so that several sidecars in one process (tests) do not collide.
 Mean serving accuracy is ``accscale_served_accuracy_sum / accscale_served_accuracy_count``
 (accuracy of the variants that answered queries within their SLO, the papers' metric);
-SLO attainment is ``met / sum over outcomes`` of ``accscale_requests_total``.
+SLO attainment is ``met / sum over outcomes`` of ``accscale_requests_total``, ``escalated`` left out (a request a
+model passed on, whose end the next model counts).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("accscale_requests", "Requests by how they ended: met/late (answered within/after "
                                 "the SLO), dropped (slack gone), rejected (refused on arrival), shed (refused on "
-                                "arrival: the queue ahead makes its SLO infeasible), failed, error",
+                                "arrival: the queue ahead makes its SLO infeasible), failed, error; escalated (passed on to a "
+                                "cascade's next model, which counts its end)",
                                 ["model", "variant", "outcome"], registry=r)
         self.served_accuracy = Summary("accscale_served_accuracy", "Profiled accuracy of the variant that served "
                                        "each request answered within its SLO", ["model"], registry=r)

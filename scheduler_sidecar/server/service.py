@@ -47,6 +47,7 @@ from scheduler_sidecar.systems import (
     policy_class,
     routes_for_planner,
 )
+from scheduler_sidecar.systems.hybridserve.stages import StagedCascade
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class Sidecar:
             stats.policy(None, spec.policy)
         self.driver = LiveDriver(pairs, on_worker_lost=self.pool.mark_down, membership=self.membership)
         self.models = dict(self.driver.models)
+        self._stage_cascades()
         self.infos = {m.name: ModelInfo(m.name, m.inputs, m.outputs, m.options.default_slo_us)
                       for m in self.models.values()}
         for worker in self.pool.workers:
@@ -125,6 +127,25 @@ class Sidecar:
         self.metrics.loop_lag.set_function(lambda: self.loop_lag.us / 1e6)
         log.info("serving %s over %d worker(s)", sorted(self.models), len(self.pool.workers))
 
+    def _stage_cascades(self) -> None:
+        """Each staged cascade (a model's ``cascade`` plan): its models' follow-up hooks, which escalate an answer
+        to the next model's logical model."""
+        served: dict[str, str] = {}  # Triton model -> the first logical model that runs it alone
+        for spec in self.config.models:
+            for v in self.profiles[spec.name].variants:
+                if v.actuation.kind == "model":
+                    served.setdefault(v.actuation.model, spec.name)
+        for spec in self.config.models:
+            if spec.cascade is None:
+                continue
+            cascade = StagedCascade.load(spec.cascade, served)
+            if cascade.served[cascade.models[0]] != spec.name:
+                raise ConfigError(f"model {spec.name!r}: its cascade starts at {cascade.models[0]!r}, which "
+                                  f"{cascade.served[cascade.models[0]]!r} serves, not {spec.name!r}")
+            for name, hook in cascade.follow_ups().items():
+                self.models[name].follow_up = hook
+            log.info("model %s: a staged cascade over %s", spec.name, " -> ".join(cascade.served.values()))
+
     async def _warm_up(self) -> None:
         """Serve a few requests of zeros through every logical model before the ports open, so ready means ready.
 
@@ -138,17 +159,21 @@ class Sidecar:
         """
         assert self.driver is not None
         slots = len(self.driver.slots)
+        # /metrics counts clients only: every model's, as a warm-up request may end at another (a cascade's next)
+        stats = {name: model.stats for name, model in self.models.items()}
         for model in self.models.values():
-            rows = {t.name: bytes(t.row_bytes) for t in model.inputs.values()}
-            slo_us = min(self.limits.max_slo_us, max(model.options.default_slo_us, WARM_UP_SLO_US))
-            stats, model.stats = model.stats, ModelMetrics(Metrics(), model.name)  # /metrics counts clients only
-            try:
+            model.stats = ModelMetrics(Metrics(), model.name)
+        try:
+            for model in self.models.values():
+                rows = {t.name: bytes(t.row_bytes) for t in model.inputs.values()}
+                slo_us = min(self.limits.max_slo_us, max(model.options.default_slo_us, WARM_UP_SLO_US))
                 answers = await asyncio.gather(*(model.infer(rows, slo_us) for _ in range(slots)),
                                                return_exceptions=True)
-            finally:
-                model.stats = stats
-            for error in {f"{type(a).__name__}: {a}" for a in answers if isinstance(a, Exception)}:
-                log.warning("model %s: a warm-up request failed: %s", model.name, error)
+                for error in {f"{type(a).__name__}: {a}" for a in answers if isinstance(a, Exception)}:
+                    log.warning("model %s: a warm-up request failed: %s", model.name, error)
+        finally:
+            for name, model in self.models.items():
+                model.stats = stats[name]
         log.info("warmed up %s with %d request(s) each", sorted(self.models), slots)
 
     async def _discover_first(self, resolve: Resolver | None) -> None:
@@ -200,7 +225,11 @@ class Sidecar:
         if member.loaded is None:
             member.loaded = await self._loaded(worker)
         added = 0
-        if self.unplanned:
+        if self.unplanned and self.config.slots == "per_model":  # each Triton model's instances its own slots
+            for name in sorted(self.unplanned & member.loaded):
+                slots = await _slots(worker, (name,))
+                added += len(self.driver.add_worker(worker, slots, device=device, resident=frozenset({name})))
+        elif self.unplanned:
             slots = await _slots(worker, tuple(sorted(self.unplanned)))
             # alone, the unplanned models hold every model; beside planners, only theirs
             resident = self.unplanned if self.config.planners else None

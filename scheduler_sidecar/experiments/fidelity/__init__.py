@@ -86,8 +86,12 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
     f.add_argument("--instances", type=int,
                    help="loki: the replica budget (default: 6); hybridserve: the model instances the replicas share "
                         "(default: 16)")
+    f.add_argument("--serving", choices=("staged", "bls"), default="staged",
+                   help="hybridserve: each cascade model a logical model of the sidecar, an escalation queued at the "
+                        "next model (staged, the default, as the paper and the simulator serve it), or the cascade's "
+                        "BLS model, whose instance holds a batch through every model (bls)")
     f.add_argument("--bls-instances", type=int,
-                   help="hybridserve: instances of the cascade's BLS model (default: the demo's, "
+                   help="hybridserve --serving bls: instances of the cascade's BLS model (default: the demo's, "
                         "each a batch through every hop at once)")
     f.add_argument("--rounding", choices=(NEAREST, BALANCED), default=NEAREST,
                    help="hybridserve: how the replicas are rounded (default: nearest)")

@@ -59,6 +59,7 @@ def sidecar_view(http_url: str) -> dict:
 
     def view(models: list[str]) -> dict:
         counts = sum((outcomes[m] for m in models), Counter())
+        counts.pop("escalated", None)  # a cascade model passed these on: the next model counts each one's end
         mean = {name: sum((by_model[m] for m in models), Counter()) for name, by_model in sums.items()}
         total = sum(counts.values())
         return {"queries": int(total), "outcomes": dict(counts),

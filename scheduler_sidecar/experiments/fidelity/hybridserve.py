@@ -1,29 +1,38 @@
 """``accscale bench fidelity --system hybridserve``: HybridServe live against HybridServe simulated.
 
-The HybridServe demo's family and cascade BLS (:mod:`scheduler_sidecar.experiments.hybridserve.demo`) on one Triton
-whose models run its emulated slowdown, the sidecar with ``[planner] kind = "hybridserve"`` (``--mode``,
-``--instances``, ``--rounding``, ``--no- prune``), and a gamma trace (CV² 4) at ``--rate-qps`` whose payload indices
-are samples of the family's test split. Simulated by :mod:`~scheduler_sidecar.experiments.hybridserve.simulation` with
-the same cascade, replicas, slowdown and SLO, on the same samples. Attainment: the sidecar's /metrics, the client's
-request log, the simulated requests met. Accuracy is what the answers were worth: the share of met requests answered
-right, live from the request log (the answer's LABEL against the sample's label) over the requests the sidecar met
-(its queue and service time within the SLO) or the client did, and simulated from the answering model's cached
-prediction over the requests met. Inherent to the live system, and reported measured: a BLS instance holds its batch
-through every model and answers all of its requests once the last model ran, where the simulator answers each
-request when its model does (``latency_ms``, p50 and p99 of both); a BLS batch costs more than its models' waits and
-runs (the Python backend's calls between the BLS and the models, on cores its instances share with everything else:
-the BLS's mean batch time against its models', ``per_model_live``), and the instances, each busy for its batch's
-whole cascade, cap the throughput where the simulator's per-model queues do not; and Triton merges the instances'
-calls to a model as they queue, where the simulator batches each model's queue by its slack (Clipper+) and drops
-what can no longer make it (each model's mean batch, wait and batch time on both sides, live from Triton's
-statistics over the replay). On this 2-core machine the sidecar shares its cores with them too: ``client_delay_ms``.
+The HybridServe demo's family (:mod:`scheduler_sidecar.experiments.hybridserve.demo`) on one Triton whose models run
+its emulated slowdown, the cascade the planner searches (``--mode``, ``--instances``, ``--rounding``, ``--no-prune``),
+and a gamma trace (CV² 4) at ``--rate-qps`` (or ``--load`` times the cost model's capacity on the replicas) whose
+payload indices are samples of the family's test split. Served two ways (``--serving``):
+
+- ``staged`` (the default): as the paper serves it, and as the simulator runs it. Each cascade model is a logical
+  model of the sidecar (:mod:`~scheduler_sidecar.systems.hybridserve.stages`) on its replicas' Triton instances, set
+  before the sidecar starts, without Triton's dynamic batcher (it merged two of the sidecar's batches that arrived
+  together into one instance while another idled: a batch of 16 then ran as 32, 180 ms late, and at a 400 ms SLO
+  the attainment gap was -10.33 points against -0.21 without it), each batched by Clipper+; an escalation is a query
+  on the next model's queue.
+- ``bls``: the cascade's BLS model behind HybridServe's planner (``--bls-instances``). A BLS instance holds its batch
+  through every model and answers all of it after the last, where the simulator answers each request when its
+  model does, and its instances cap the throughput where the simulator's per-model queues do not.
+
+Simulated by :mod:`~scheduler_sidecar.experiments.hybridserve.simulation` with the same cascade, replicas, slowdown
+and SLO, on the same samples, and once more with each batch taking what the live run's batches took over their
+profiled p50 (``with_live_batch_times``). Attainment: the sidecar's /metrics, the client's request log, the
+simulated requests met. Accuracy is what the answers were worth: the share of met requests answered right, live
+from the request log (the answer against the sample's label) over the requests the sidecar met (its queue and
+service time within the SLO) or the client did, and simulated from the answering model's cached prediction over the
+requests met. Reported beside: each model's mean batch, wait and batch time on both sides (live from Triton's
+statistics over the replay), the latency p50 and p99 of both, and, as this 2-core machine's client shares its cores
+with the rest, ``client_delay_ms``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +47,7 @@ from scheduler_sidecar.experiments.deployment import Device, deploy
 from scheduler_sidecar.experiments.fidelity.common import (
     Progress,
     at_load,
+    batch_ratios,
     client_delay_ms,
     gaps,
     sidecar_view,
@@ -69,15 +79,23 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     capacity = planner.point.capacity_rps(family, tuple(planner.replicas[m] for m in cascade.models)) \
         / config.slowdown
     trace, sample = _cascade_trace(args, tmp / "trace.txt", len(labels), capacity)
-    profile = demo.cascade_profile(tmp / "profile.json", family, planner.point, config.slowdown)
-    # the Triton model the sidecar calls (the BLS, or the largest model alone), then the cascade's
-    served = tuple(dict.fromkeys((Profile.load(profile).variants[0].actuation.model, *cascade.models)))
-    bls_instances = args.bls_instances or demo.BLS_INSTANCES
-    with deploy(demo.write_bls(family, planner.bls_plan, bls_instances), [*family.names, demo.BLS],
-                [Device(config.slowdown)],
-                config=demo.sidecar_config(stamp, profile, args.mode, args.prune, config, args.slo_ms)) as d:
+    staged = args.serving == "staged"
+    if staged:  # each model its own logical model, on its replicas' instances, set before the sidecar starts
+        served = cascade.models
+        repository, models = family.folder / "repository", served
+        sidecar_config = staged_config(tmp, family, planner, args.slo_ms)
+        before = partial(_set_instances, instances={m: planner.replicas[m] for m in served})
+    else:
+        profile = demo.cascade_profile(tmp / "profile.json", family, planner.point, config.slowdown)
+        # the Triton model the sidecar calls (the BLS, or the largest model alone), then the cascade's
+        served = tuple(dict.fromkeys((Profile.load(profile).variants[0].actuation.model, *cascade.models)))
+        repository = demo.write_bls(family, planner.bls_plan, args.bls_instances or demo.BLS_INSTANCES)
+        models, before = [*family.names, demo.BLS], None
+        sidecar_config = demo.sidecar_config(stamp, profile, args.mode, args.prune, config, args.slo_ms)
+    with deploy(repository, models, [Device(config.slowdown)], config=sidecar_config, before_sidecar=before) as d:
         (triton,), sidecar = d.tritons, d.sidecar
-        reloads = _logged(sidecar, RELOADED, len(planner.instances))  # the plan's instance counts are in place
+        # the plan's instance counts are in place (staged: set before the sidecar started)
+        reloads = [] if staged else _logged(sidecar, RELOADED, len(planner.instances))
         progress(f"replaying {len(sample)} requests through the sidecar and the {' -> '.join(cascade.models)} cascade")
         before = _triton_stats(triton.grpc_url, served)
         client = replay([Replay(demo.MODEL, tmp / "trace.txt", save_payloads(tmp / "payloads.npz", images, labels))],
@@ -91,15 +109,23 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     index = [family.names.index(m) for m in cascade.models]
     replicas = [planner.replicas[m] for m in cascade.models]
     arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
-    sim = simulate(family, cascade, replicas, family.predictions("test").subset(index), arrival_us, args.slo_ms,
-                   slowdown=config.slowdown, sample=sample)
+    preds = family.predictions("test").subset(index)
+    sim = simulate(family, cascade, replicas, preds, arrival_us, args.slo_ms, slowdown=config.slowdown, sample=sample)
+    # beside the simulation as planned, one whose batches take what the live run's took (their spread over their
+    # profiled p50s, drawn at random): how much of a gap the live batches' own times explain
+    ratios = batch_ratios(log, Profile("cascade", "its models' profiles",
+                                       tuple(family.profile(m, config.slowdown).variants[0] for m in cascade.models)))
+    measured = simulate(family, cascade, replicas, preds, arrival_us, args.slo_ms, slowdown=config.slowdown,
+                        sample=sample, latency_ratios=ratios)
     return gaps({
         "system": "hybridserve", "queries": len(sample), "live_client": client["summary"], "live_sidecar": server,
         "simulated": {"slo_attainment": 1 - sim.violation_ratio, "measured_accuracy": sim.met_accuracy,
                       "answered": dict(zip(cascade.models, sim.answered)), "answered_early": sim.answered_early},
         "deployment": {"mode": args.mode, "prune": args.prune, "models": list(cascade.models),
                        "thresholds": list(cascade.thresholds), "skip": cascade.skip, "replicas": planner.instances,
-                       "bls_instances": bls_instances, "slowdown": round(config.slowdown, 1),
+                       "serving": args.serving,
+                       "bls_instances": None if staged else args.bls_instances or demo.BLS_INSTANCES,
+                       "slowdown": round(config.slowdown, 1),
                        "slo_ms": args.slo_ms, "rate_qps": round(trace.mean_rate_qps, 1),
                        "capacity_qps": round(capacity, 1),
                        "reload_ms_live": {m: int(ms) for m, _, done, ms in reloads if done == "reloaded"}},
@@ -112,7 +138,35 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
                                         "mean_service_ms": round(t, 1)}
                                     for m, b, w, t in zip(cascade.models, sim.mean_batch, sim.mean_wait_ms,
                                                           sim.mean_service_ms)}},
+        "with_live_batch_times": gaps({
+            "live_sidecar": server, "batch_time_over_p50": [round(float(np.percentile(ratios, q)), 3)
+                                                            for q in (50, 90, 99)] if ratios else [],
+            "simulated": {"slo_attainment": 1 - measured.violation_ratio, "measured_accuracy": measured.met_accuracy}},
+            accuracy="measured_accuracy"),
     }, accuracy="measured_accuracy")
+
+
+def staged_config(tmp: Path, family: Family, planner: HybridServePlanner, slo_ms: float) -> str:
+    """The sidecar's config for the planner's cascade served staged (:mod:`~scheduler_sidecar.systems.hybridserve.
+    stages`): each model a logical model with its profile at the planner's slowdown, on its own instances, batched by
+    Clipper+ as the simulation batches it, the first one clients' (``demo.MODEL``) with the cascade's plan. As the
+    simulation: no admission, no calibration, no overhead subtracted from the slack."""
+    plan = tmp / "cascade_plan.json"
+    plan.write_text(json.dumps(planner.bls_plan))
+    entries = []
+    for i, m in enumerate(planner.point.cascade.models):
+        profile = tmp / f"profile_{m}.json"
+        family.profile(m, planner.config.slowdown).save(profile)
+        entries.append(f'[[models]]\nname = "{demo.MODEL if i == 0 else m}"\nprofile = "{profile.absolute()}"\n'
+                       f'policy = "clipper"\ndefault_slo_us = {round(slo_ms * 1000)}\noverhead_us = 0\n'
+                       'latency_calibration = false\nadmission = false\n'
+                       + (f'cascade = "{plan.absolute()}"\n' if i == 0 else ""))
+    return 'slots = "per_model"\n' + "".join(entries)
+
+
+def _set_instances(tritons: list, instances: dict[str, int]) -> None:
+    for triton in tritons:
+        demo.set_instances(triton.grpc_url, instances, batcher=False)
 
 
 def _cascade_trace(args: argparse.Namespace, path: Path, samples: int, capacity_qps: float

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         for name, mode, prune in _deployments(args.modes):
             planner = deployed[name]
             point, plan = planner.point, planner.plan(0, Demand(0, 0, {}))
-            _set_instances(triton.grpc_url, plan.instances)
+            set_instances(triton.grpc_url, plan.instances)
             replicas = tuple(planner.replicas.values())
             print(f"{name}: models {' '.join(point.cascade.models)}, skip {point.cascade.skip}, instances "
                   f"{dict(planner.replicas)}")
@@ -214,14 +214,18 @@ def _short(model: str) -> str:
     return model.removeprefix("cascade_")
 
 
-def _set_instances(url: str, instances: dict[str, int]) -> None:
-    """Each model's instance count, by a reload with a config override."""
+def set_instances(url: str, instances: dict[str, int], *, batcher: bool = True) -> None:
+    """Each model's instance count, by a reload with a config override; without Triton's dynamic batcher where
+    ``batcher`` is false (the sidecar forms every batch: the batcher would merge two of its batches that arrive
+    together into one instance while another idles)."""
     import tritonclient.grpc as grpcclient  # lazy: tritonclient
 
     client = grpcclient.InferenceServerClient(url)
     for model, count in instances.items():
         config = client.get_model_config(model, as_json=True)["config"]
         config["instance_group"] = [{"count": count, "kind": "KIND_CPU"}]
+        if not batcher:
+            config.pop("dynamic_batching", None)
         client.load_model(model, config=json.dumps(config))
 
 

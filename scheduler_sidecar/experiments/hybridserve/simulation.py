@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from python_backend.cascade import ANSWER, route
+from python_backend.cascade import ANSWER, answered_early, route
 from scheduler_sidecar.core.records import Batch, BatchResult, Outcome, Query
 from scheduler_sidecar.sim.results import OUTCOME_CODES
 from scheduler_sidecar.sim.simulator import Simulator
@@ -71,12 +71,12 @@ class Escalation:
         last = len(self.cascade.models) - 1
         t = self.cascade.thresholds[i] if i < last else 0.0
         onward = route(i, self.preds.conf[i, self.sample[roots]], np.asarray(t), last, self.cascade.skip)
+        early = answered_early(onward, np.array([q.deadline_us - now_us for q in batch.queries]), self.first_us) \
+            if self.slo_aware else np.zeros(len(onward), dtype=bool)
         out = []
-        for q, root, nxt in zip(batch.queries, roots, onward.tolist()):
-            if nxt == ANSWER:
-                self.by[root] = (i, False)
-            elif self.slo_aware and now_us + self.first_us[nxt] > q.deadline_us:
-                self.by[root] = (i, True)
+        for q, root, nxt, late in zip(batch.queries, roots, onward.tolist(), early.tolist()):
+            if nxt == ANSWER or late:
+                self.by[root] = (i, late)
             else:
                 qid = new_id()
                 self.root[qid], self.last[root] = root, qid
@@ -87,11 +87,11 @@ class Escalation:
 
 def simulate(family: Family, cascade: Cascade, replicas: Sequence[int], preds: Predictions, arrival_us: np.ndarray,
              slo_ms: float, *, slowdown: float = 1.0, seed: int = 0, slo_aware: bool = True,
-             sample: np.ndarray | None = None) -> CascadeRun:
+             sample: np.ndarray | None = None, latency_ratios: Sequence[float] = ()) -> CascadeRun:
     """Run ``cascade`` with ``replicas[i]`` workers holding its i-th model over requests arriving at ``arrival_us``;
     ``preds`` holds the cascade's models' predictions (rows in cascade order) on the split requests are drawn from
     (``sample``: each request's sample; default: drawn uniformly); every model's latency is its profile's times
-    ``slowdown``."""
+    ``slowdown``, or, with ``latency_ratios``, that times one of them drawn at random (a live run's, measured)."""
     if len(replicas) != len(cascade.models) or min(replicas) < 1:
         raise ValueError("every model of the cascade needs at least one replica")
     workers = tuple(SimWorker(DEVICE, resident=frozenset({m})) for m, r in zip(cascade.models, replicas)
@@ -104,7 +104,8 @@ def simulate(family: Family, cascade: Cascade, replicas: Sequence[int], preds: P
         raise ValueError(f"sample must name one of the split's {len(preds.truth)} samples per request")
     first_us = [policies[m].latency.us(m, 1, DEVICE) for m in cascade.models]
     escalation = Escalation(cascade, preds, sample, first_us, slo_aware=slo_aware)
-    result = Simulator(policies, World(workers, seed=seed), result_model=escalation).run(
+    result = Simulator(policies, World(workers, seed=seed, latency_ratios=tuple(latency_ratios)),
+                       result_model=escalation).run(
         arrival_us, arrival_us + round(slo_ms * 1000), [cascade.models[0]] * n)
     return _summarise(escalation, result, preds, sample)
 
