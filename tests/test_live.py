@@ -380,13 +380,23 @@ def test_a_slow_planner_does_not_delay_requests():
 def test_a_follow_up_query_answers_its_parent_s_client():
     """A cascade: small (m0) escalates rows whose sum is below 2 to big (m3); those clients get big's answer."""
     async def main():
-        w = worker(gated=False)
-        driver, (small, big) = make_driver(w, policies={"small": make_policy("infaas", make_profile()),
-                                                         "big": make_policy("clipper", make_profile())})
+        clock = Clock()
+
+        def slow(call):  # each batch takes 10 ms on the fake clock
+            clock.now_us += 10_000
+            return compute(call)
+
+        w = FakeWorker("a", compute=slow, gate=None)
+        driver, (small, big) = make_driver(w, clock=clock, policies={"small": make_policy("infaas", make_profile()),
+                                                                     "big": make_policy("clipper", make_profile())})
         small.follow_up = lambda inputs, out, left_us: ("big", inputs) if np.frombuffer(out["LOGITS"], np.float32)[0] < 2 else None
         answers = await asyncio.gather(*(small.infer(row(i, 0), 1_000_000) for i in range(4)))
         assert [(logits(a)[0], logits(a)[1], a.variant_id) for a in answers] == [
             (0, 3, "v3"), (1, 3, "v3"), (2, 0, "v0"), (3, 0, "v0")]
+        # an escalated request's queue time counts from its arrival, so the small model's batch is in it: its
+        # time in the sidecar is both batches' at least
+        assert all(a.service_us == 10_000 for a in answers)
+        assert all(a.queue_us + a.service_us >= 20_000 for a in answers[:2])
         assert [c.model for c in w.calls].count("m3") >= 1 and driver.num_pending == 0
         # each request is counted once, where it ended; the model that passed one on counts it escalated
         counts = {(m.name, outcome): sum(m.stats.metrics.registry.get_sample_value(

@@ -87,7 +87,7 @@ class Answer(NamedTuple):
     outputs: dict[str, bytes]
     variant_id: str
     accuracy: float
-    queue_us: int  # arrival to dispatch
+    queue_us: int  # arrival to dispatch (of the step that answered: a cascade's earlier steps count as queued)
     service_us: int  # dispatch to the worker's answer
     batch_size: int
     worker: str  # the worker's URL
@@ -197,6 +197,7 @@ class _Pending:
     inputs: dict[str, bytes]  # one row per input, raw
     request: Request  # the client's; a follow-up query answers its parent's client
     row: int  # which of the request's rows this query answers
+    since_us: int  # the client's request's arrival: a follow-up's answer counts its queue from there
     handed_over: bool = False  # a follow-up query took over the answer
 
 
@@ -361,7 +362,7 @@ class LiveDriver:
         for row, inputs in enumerate(rows):
             qid = next(self._ids)
             query = Query(deadline, qid, qid, now, model.name)
-            self._pending[qid] = _Pending(query, model, inputs, request, row)
+            self._pending[qid] = _Pending(query, model, inputs, request, row, now)
             queries.append(query)
             request.query_ids.append(qid)
         self._guard(self.engine.arrive, *queries)
@@ -404,9 +405,9 @@ class LiveDriver:
             rows, start, end, worker, slot = output
             if outcome is Outcome.MET:
                 stats.served_accuracy.observe(record.accuracy)
-            stats.latency.observe((end - record.arrival_us) / 1e6)
+            stats.latency.observe((end - pending.since_us) / 1e6)
             request.answers[pending.row] = Answer(rows, record.variant_id, record.accuracy,
-                                                  start - record.arrival_us, end - start, record.batch_size, worker,
+                                                  start - pending.since_us, end - start, record.batch_size, worker,
                                                   slot)
             request.left -= 1
             if request.left == 0:
@@ -566,7 +567,7 @@ class LiveDriver:
                 raise ValueError(f"model {model.name}: a follow-up names unknown model {name!r}")
             qid = next(self._ids)
             query = Query(p.query.deadline_us, qid, qid, now, name, parent=p.query.id, stage=p.query.stage + 1)
-            self._pending[qid] = _Pending(query, self.models[name], inputs, p.request, p.row)
+            self._pending[qid] = _Pending(query, self.models[name], inputs, p.request, p.row, p.since_us)
             p.handed_over = True
             out.append(query)
         return tuple(out)
