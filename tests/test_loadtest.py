@@ -172,6 +172,10 @@ def test_fidelity_hybridserve_scores_the_same_samples_on_both_sides(capsys, hybr
     assert list(result["differences"]["per_model_live"]) == models  # Triton ran the cascade's models, no BLS
     # the first model is the one clients call; an escalation is a query of the next model's logical model
     assert set(result["live_sidecar"]["by_model"]) <= {"digits-cascade", *models[1:]}
+    # latency by the model that answered: the answer names it
+    live, simulated = (result["differences"][f"latency_ms_by_model_{side}"] for side in ("live", "simulated"))
+    assert models[0] in live and set(live) <= set(models) and list(simulated) == models
+    assert all(p50 <= p99 for p50, p99 in live.values())
     assert_gaps_of_both_sides(result)
     assert 0 <= result["with_live_batch_times"]["simulated"]["slo_attainment"] <= 1
 

@@ -22,8 +22,9 @@ START_ATTEMPTS = 3  # starts on new ports, where another process took a picked o
 
 
 def port_taken(log_text: str) -> bool:
-    """Whether a sidecar's log says it exited because a port it was given was already bound."""
-    return "address already in use" in log_text
+    """Whether a sidecar's log says it exited because a port it was given was already bound (Python says "address
+    already in use", the C++ gRPC of the native edge and strerror "Address already in use")."""
+    return "address already in use" in log_text.lower()
 
 
 class SidecarStartError(AccscaleError, RuntimeError):

@@ -44,6 +44,7 @@ class CascadeRun:
     latency_ms: tuple[float, float]  # p50 and p99 of answered requests, arrival to answer
     mean_latency_ms: float  # of answered requests (Fig. 4a)
     p999_latency_ms: float  # their 99.9th percentile (Fig. 4b)
+    latency_by_model_ms: tuple[tuple[float, float], ...] = ()  # per model: p50 and p99 of the requests it answered
 
 
 class Escalation:
@@ -134,4 +135,9 @@ def _summarise(esc: Escalation, result, preds: Predictions, sample: np.ndarray) 
         tuple(float(s / max(k, 1)) for s, k in zip(esc.served, esc.batches)),
         tuple(float(np.percentile(latency_ms, q)) if len(latency_ms) else 0.0 for q in (50, 99)),
         float(latency_ms.mean()) if len(latency_ms) else 0.0,
-        float(np.percentile(latency_ms, 99.9)) if len(latency_ms) else 0.0)
+        float(np.percentile(latency_ms, 99.9)) if len(latency_ms) else 0.0,
+        tuple(_p50_p99(latency_ms[answered_by[done] == i]) for i in range(models)))
+
+
+def _p50_p99(ms: np.ndarray) -> tuple[float, float]:
+    return (float(np.percentile(ms, 50)), float(np.percentile(ms, 99))) if len(ms) else (0.0, 0.0)
