@@ -29,6 +29,20 @@ optional)::
     [models.policy_options]
     num_buckets = 32
 
+A cascade served staged (HybridServe as its paper serves it, ``systems/hybridserve/stages.py``): each of its models a
+logical model on its own Triton model's instances, the first one's ``cascade`` naming the plan::
+
+    slots = "per_model"       # default "shared": the unplanned models share the fewest instances of any of them
+    [[models]]
+    name = "digits-cascade"   # what clients call: the cascade's first model
+    profile = "profile_cascade_xs.json"
+    policy = "clipper"
+    cascade = "cascade_plan.json"  # models, thresholds, temperatures, skip, exec_ms (the BLS model's format)
+    [[models]]
+    name = "cascade_m"        # the next model: an escalation is a query of this logical model
+    profile = "profile_cascade_m.json"
+    policy = "clipper"
+
 Workers of several device kinds say which (a kind their profiles have; default: the profile's first)::
 
     [worker_devices]
