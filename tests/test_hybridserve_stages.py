@@ -4,6 +4,7 @@ the next model's logical model, and the checks on its plan."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -68,6 +69,7 @@ def test_the_rule_is_the_one_the_bls_model_and_the_simulator_apply():
     ({**PLAN, "exec_ms": {"xs": -1}}, "exec_ms"),
     ({**PLAN, "skip": "yes"}, "skip"),
     ({**PLAN, "models": ["xs", "xs"]}, "distinct"),
+    ({**PLAN, "models": ["xs", "m", "l"], "output": 3}, "output a name"),
     ([], "JSON object"),
 ])
 def test_a_bad_plan_is_a_configuration_error_that_names_the_problem(plan, message):
@@ -91,4 +93,32 @@ def test_the_config_reads_a_cascade_and_per_model_slots(tmp_path):
     assert config.slots == "per_model" and str(config.models[0].cascade) == "plan.json"
     path.write_text('workers = ["127.0.0.1:1"]\nslots = "each"\n[[models]]\nname = "a"\nprofile = "p.json"\n')
     with pytest.raises(ConfigError, match="slots must be one of"):
+        config_module.load(path)
+
+
+def test_one_logical_model_for_two_cascade_models_is_refused():
+    with pytest.raises(ConfigError, match="logical model of its own"):
+        StagedCascade.from_plan(PLAN, {**SERVED, "l": "stage-m"})
+
+
+def spec(name, datatype="FP32", dims=(4,)):
+    return SimpleNamespace(name=name, datatype=datatype, dims=dims)
+
+
+def test_the_models_tensors_are_checked_before_serving():
+    cascade = StagedCascade.from_plan(PLAN, SERVED)
+    inputs = {"INPUT": spec("INPUT", dims=(1, 16, 16))}
+    good = {name: (inputs, {"LOGITS": spec("LOGITS")}) for name in SERVED.values()}
+    cascade.check_tensors(good)
+    with pytest.raises(ConfigError, match="takes other inputs"):
+        cascade.check_tensors({**good, "stage-l": ({"IMAGE": spec("IMAGE", dims=(1, 16, 16))}, {})})
+    with pytest.raises(ConfigError, match="no FP32 output 'LOGITS'"):
+        cascade.check_tensors({**good, "stage-m": (inputs, {"LOGITS": spec("LOGITS", "FP16")})})
+    cascade.check_tensors({**good, "stage-l": (inputs, {})})  # the last model answers: it routes nothing
+
+
+def test_a_cascade_that_is_not_a_path_is_a_configuration_error(tmp_path):
+    path = tmp_path / "sidecar.toml"
+    path.write_text('workers = ["127.0.0.1:1"]\n[[models]]\nname = "a"\nprofile = "p.json"\ncascade = true\n')
+    with pytest.raises(ConfigError, match="cascade must be the path of a plan file"):
         config_module.load(path)

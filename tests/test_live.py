@@ -407,6 +407,45 @@ def test_a_follow_up_query_answers_its_parent_s_client():
     asyncio.run(main())
 
 
+def test_a_client_that_leaves_while_its_first_step_runs_is_not_escalated():
+    async def main():
+        w = worker()
+        driver, (small, big) = make_driver(w, policies={"small": make_policy("infaas", make_profile()),
+                                                         "big": make_policy("clipper", make_profile())})
+        small.follow_up = lambda inputs, out, left_us: ("big", inputs)
+        leaving = asyncio.ensure_future(small.infer(row(0, 0), 1_000_000))
+        await settle()
+        leaving.cancel()  # the client leaves while small runs its row
+        await settle()
+        w.gate.set()
+        await settle()
+        assert [c.model for c in w.calls] == ["m0"] and driver.num_pending == 0
+
+    asyncio.run(main())
+
+
+def test_a_follow_up_hook_that_fails_part_way_leaves_every_answer_of_its_batch_final():
+    """Rows 0 and 1 would escalate; the hook fails on row 1: neither goes on, and every client gets small's answer
+    (none is left waiting on a follow-up that was never queued)."""
+    async def main():
+        w = worker(gated=False)
+        driver, (small, big) = make_driver(w, policies={"small": make_policy("infaas", make_profile()),
+                                                         "big": make_policy("clipper", make_profile())})
+
+        def hook(inputs, out, left_us):
+            first = np.frombuffer(inputs["INPUT"], np.float32)[0]
+            if first == 1:
+                raise RuntimeError("a bug in the hook")
+            return ("big", inputs) if first < 2 else None
+
+        small.follow_up = hook
+        # one batch of three; a row handed over to a follow-up never queued would leave its client waiting
+        answers = await asyncio.wait_for(small.infer_rows([row(i, 0) for i in range(3)], 1_000_000), 10)
+        assert len(w.calls) == 1 and [a.variant_id for a in answers] == ["v0"] * 3 and driver.num_pending == 0
+
+    asyncio.run(main())
+
+
 def test_every_policy_can_drive_the_live_model():
     async def main():
         w = worker(gated=False)

@@ -590,6 +590,10 @@ class Engine:
         return {m for qt in self.types.values() for m in qt.models.values()}
 
     # ------------------------------------------------------------------ workers and endings
+    def is_running(self, batch: Batch) -> bool:
+        """Whether ``batch`` is still the one its worker runs (not stale: its worker was not lost meanwhile)."""
+        return self._running.get(batch.worker_id) is batch
+
     def _release(self, batch: Batch) -> bool:
         """Free the batch's worker; False if the batch is stale (its worker was lost and it was retried)."""
         if self._running.get(batch.worker_id) is not batch:

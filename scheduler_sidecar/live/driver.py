@@ -377,8 +377,9 @@ class LiveDriver:
 
     def _withdraw_rows(self, request: Request) -> None:
         for qid in request.query_ids:
-            if self._pending.pop(qid, None) is not None:
-                self._guard(self.engine.cancel, qid, request.model)
+            pending = self._pending.pop(qid, None)
+            if pending is not None:  # a row, or a row's follow-up on another model
+                self._guard(self.engine.cancel, qid, pending.query.type)
 
     def set_policy(self, model: str, policy: Policy) -> Policy:
         """Switch a model's policy in place; returns the old one."""
@@ -524,7 +525,8 @@ class LiveDriver:
         if model.options.latency_calibration and not failed:  # a split batch's time is not a batch latency
             self._calibrate(model, run.variant, batch.device, len(live), end - start)
         follow_ups: tuple[Query, ...] = ()
-        if model.follow_up is not None and served:
+        # a stale batch's result is dropped by the engine (its queries run again): it hands nothing over
+        if model.follow_up is not None and served and self.engine.is_running(batch):
             try:
                 follow_ups = self._follow_ups(model, *zip(*served), end)
             except Exception:  # a bug in the hook: these answers stay final rather than hang
@@ -557,17 +559,22 @@ class LiveDriver:
         One follow-up per query (a chain or a cascade); a fan-out and the merge of its answers are a
         pipeline's own (Loki).
         """
-        out = []
+        steps = []  # every row's step first: a hook that fails part way hands none of them over
         for p, answer in zip(rows, answers):
+            if p.request.ended:  # its client left: nothing to go on for
+                continue
             step = model.follow_up(p.inputs, answer, p.query.deadline_us - now)
             if step is None:
                 continue
-            name, inputs = step
-            if name not in self.models:
-                raise ValueError(f"model {model.name}: a follow-up names unknown model {name!r}")
+            if step[0] not in self.models:
+                raise ValueError(f"model {model.name}: a follow-up names unknown model {step[0]!r}")
+            steps.append((p, *step))
+        out = []
+        for p, name, inputs in steps:
             qid = next(self._ids)
             query = Query(p.query.deadline_us, qid, qid, now, name, parent=p.query.id, stage=p.query.stage + 1)
             self._pending[qid] = _Pending(query, self.models[name], inputs, p.request, p.row, p.since_us)
+            p.request.query_ids.append(qid)  # so that a client who leaves takes it off its queue too
             p.handed_over = True
             out.append(query)
         return tuple(out)

@@ -128,6 +128,8 @@ class ModelSpec:
                 raise ConfigError(f"model {self.name!r}: {key} must be >= 1")
         if self.overhead_us < 0:
             raise ConfigError(f"model {self.name!r}: overhead_us must be >= 0")
+        if self.cascade is not None and not isinstance(self.cascade, Path):
+            raise ConfigError(f"model {self.name!r}: cascade must be the path of a plan file, got {self.cascade!r}")
 
 
 @dataclass(frozen=True)

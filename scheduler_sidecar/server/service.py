@@ -142,6 +142,8 @@ class Sidecar:
             if cascade.served[cascade.models[0]] != spec.name:
                 raise ConfigError(f"model {spec.name!r}: its cascade starts at {cascade.models[0]!r}, which "
                                   f"{cascade.served[cascade.models[0]]!r} serves, not {spec.name!r}")
+            cascade.check_tensors({name: (self.models[name].inputs, self.models[name].outputs)
+                                   for name in cascade.served.values()})
             for name, hook in cascade.follow_ups().items():
                 self.models[name].follow_up = hook
             log.info("model %s: a staged cascade over %s", spec.name, " -> ".join(cascade.served.values()))

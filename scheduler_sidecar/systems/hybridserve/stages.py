@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +69,9 @@ class StagedCascade:
         if missing:
             raise ConfigError(f"cascade: no logical model serves {missing}: give each cascade model a [[models]] "
                               "entry whose profile runs it")
+        if len({served[m] for m in models}) != len(models):
+            raise ConfigError(f"cascade: each of {models} needs a logical model of its own, got "
+                              f"{[served[m] for m in models]}")
         if not isinstance(thresholds, list) or len(thresholds) != len(models) - 1 or not all(
                 _number(t) and 0 <= t <= 1 for t in thresholds):
             raise ConfigError(f"cascade: the plan needs {len(models) - 1} thresholds in [0, 1]")
@@ -82,6 +86,23 @@ class StagedCascade:
         return cls(tuple(models), tuple(float(t) for t in thresholds), tuple(float(temperatures[m]) for m in models),
                    plan.get("skip", False), tuple(float(exec_ms.get(m, 0.0)) for m in models),
                    {m: served[m] for m in models}, plan.get("output", "LOGITS"))
+
+    def check_tensors(self, tensors: Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]]) -> None:
+        """That every model's inputs are the first's (an escalation passes a request's inputs on as they are) and
+        that each model but the last has the plan's ``output`` as FP32 logits; ``tensors`` maps each logical model
+        to its (inputs, outputs), each name -> a tensor spec (``name``, ``datatype``, ``dims``)."""
+        names = [self.served[m] for m in self.models]
+        first = {t.name: (t.datatype, t.dims) for t in tensors[names[0]][0].values()}
+        for name in names[1:]:
+            if {t.name: (t.datatype, t.dims) for t in tensors[name][0].values()} != first:
+                raise ConfigError(f"cascade: {name!r} takes other inputs than {names[0]!r} ({first}); an escalation "
+                                  "passes a request's inputs on as they are")
+        for name in names[:-1]:
+            out = tensors[name][1].get(self.output)
+            if out is None or out.datatype != "FP32":
+                raise ConfigError(f"cascade: {name!r} has no FP32 output {self.output!r} to route on (it has "
+                                  f"{ {t.name: t.datatype for t in tensors[name][1].values()} }); the plan's "
+                                  "output names it")
 
     def follow_ups(self) -> dict[str, FollowUp]:
         """The follow-up hook of each logical model that runs a cascade model but the last."""
