@@ -47,18 +47,26 @@ def test_skip_connections_send_the_least_confident_to_the_largest_model():
     assert hook(ROW, answer(1.6, 0, 0, 0), 1_000_000) == ("stage-m", ROW)  # about 0.3: the top bin
 
 
-def test_the_rule_is_the_one_the_bls_model_and_the_simulator_apply():
+def test_the_rule_is_the_one_the_bls_model_and_the_simulator_applied():
+    """Against the rule as the BLS model and the simulator wrote it before it was one function: below the threshold
+    a sample goes on (skip bins: the top half of [0, 0.5) to m, the bottom to l), unless the time left is below the
+    next model's batch-1 time."""
     rng = np.random.default_rng(0)
-    conf, left = rng.random(500), rng.uniform(0, 120_000, 500)
-    onward = route(0, conf, np.asarray(0.5), 2, True)
-    early = answered_early(onward, left, [10_000, 30_000, 90_000])
-    hook = StagedCascade.from_plan({**PLAN, "skip": True}, SERVED)
-    for c, us, to, late in zip(conf, left, onward, early):
+    # four classes: a confidence is at least 0.25 ** 2
+    conf, left = rng.uniform(1 / 16, 1, 500), rng.uniform(0, 120_000, 500)
+    hook = StagedCascade.from_plan({**PLAN, "skip": True}, SERVED).follow_ups()["digits-cascade"]
+    cost_us = {"stage-m": 30_000, "stage-l": 90_000}
+    for c, us in zip(conf, left):
         z = np.log([np.sqrt(c), *[(1 - np.sqrt(c)) / 3] * 3])  # logits whose softmax's max is sqrt(c)
-        got = hook.follow_ups()["digits-cascade"](ROW, answer(*z), int(us))
-        want = None if to == ANSWER or late else ([*SERVED.values()][to], ROW)
+        got = hook(ROW, answer(*z), int(us))
+        nxt = None if c >= 0.5 else "stage-m" if c >= 0.25 else "stage-l"
+        want = None if nxt is None or cost_us[nxt] > int(us) else (nxt, ROW)
         # confidences within float error of a bin's edge may fall either side
-        assert got == want or min(abs(c - 0.5), abs(c - 0.25), abs(us - 30_000), abs(us - 90_000)) < 1e-3
+        assert got == want or min(abs(c - 0.5), abs(c - 0.25)) < 1e-6
+    onward = route(0, np.array([0.9, 0.4, 0.1]), np.asarray(0.5), 2, True)
+    assert onward.tolist() == [ANSWER, 1, 2]
+    assert answered_early(onward, np.array([0, 29_999, 90_000]), [10_000, 30_000, 90_000]).tolist() == [
+        False, True, False]
 
 
 @pytest.mark.parametrize("plan, message", [
