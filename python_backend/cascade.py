@@ -13,6 +13,7 @@ largest, as Fig. 3's c = 0.7 -> successor, c = 0.2 -> largest. Without skips eve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -61,3 +62,35 @@ def answered_early(onward: np.ndarray, left: np.ndarray | float, cost: Sequence[
     going = onward != ANSWER
     need = np.where(going, np.asarray(cost, dtype=np.float64)[np.where(going, onward, 0)], 0.0)
     return going & (need > left)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_plan(plan: object, known: Sequence[str] | None = None) -> dict:
+    """A cascade's plan, as the BLS model and the sidecar's staged cascade read it: distinct models (of ``known``,
+    where given), a threshold in [0, 1] between each pair, a positive temperature each, where given a non-negative
+    batch-1 time each (``exec_ms``) and ``skip`` true or false; anything else raises ValueError. The plan, with its
+    defaults filled in (no skips, no times)."""
+    if not isinstance(plan, dict):
+        raise ValueError("the plan must be a JSON object")
+    models, thresholds = plan.get("models"), plan.get("thresholds")
+    if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+        raise ValueError("the plan's models must be a non-empty list of model names")
+    if len(set(models)) != len(models) or (known is not None and set(models) - set(known)):
+        raise ValueError("the plan's models must be distinct" + ("" if known is None else
+                         f" models of this cascade {list(known)}") + f", got {models}")
+    if not isinstance(thresholds, list) or len(thresholds) != len(models) - 1 or not all(
+            _number(t) and 0 <= t <= 1 for t in thresholds):
+        raise ValueError(f"the plan needs {len(models) - 1} thresholds in [0, 1]")
+    temperatures = plan.get("temperatures", {})
+    if not isinstance(temperatures, dict) or not all(_number(temperatures.get(m)) and temperatures[m] > 0
+                                                     for m in models):
+        raise ValueError("the plan needs a positive temperature for each of its models")
+    exec_ms = plan.get("exec_ms", {})
+    if not isinstance(exec_ms, dict) or not all(_number(v) and v >= 0 for v in exec_ms.values()):
+        raise ValueError("the plan's exec_ms must map models to times >= 0")
+    if not isinstance(plan.get("skip", False), bool):
+        raise ValueError("the plan's skip must be true or false")
+    return {**plan, "skip": plan.get("skip", False), "exec_ms": exec_ms}

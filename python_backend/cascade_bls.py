@@ -36,7 +36,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from python_backend import bls
-from python_backend.cascade import ANSWER, CONFIDENT, EARLY, LAST, answered_early, confidence, route
+from python_backend.cascade import (
+    ANSWER,
+    CONFIDENT,
+    EARLY,
+    LAST,
+    answered_early,
+    check_plan,
+    confidence,
+    route,
+)
 
 MAX_BATCH = 32  # a model's largest profiled batch
 
@@ -75,30 +84,8 @@ class TritonPythonModel:
                 for i in range(len(requests))]
 
     def _check(self, plan: object) -> dict:
-        """A plan names only this cascade's models, with a threshold in [0, 1] between each pair, a positive
-        temperature each and, where given, a non-negative execution time: anything else is refused."""
-        if not isinstance(plan, dict):
-            raise ValueError("the plan must be a JSON object")
-        models, thresholds = plan.get("models"), plan.get("thresholds")
-        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
-            raise ValueError("the plan's models must be a non-empty list of model names")
-        unknown = sorted(set(models) - set(self.index))
-        if unknown or len(set(models)) != len(models):
-            raise ValueError(f"the plan's models must be distinct models of this cascade {self.models}, "
-                             f"got {models}")
-        if not isinstance(thresholds, list) or len(thresholds) != len(models) - 1 or not all(
-                bls.number(t) and 0 <= t <= 1 for t in thresholds):
-            raise ValueError(f"the plan needs {len(models) - 1} thresholds in [0, 1]")
-        temperatures = plan.get("temperatures", {})
-        if not isinstance(temperatures, dict) or not all(bls.number(temperatures.get(m)) and temperatures[m] > 0
-                                                         for m in models):
-            raise ValueError("the plan needs a positive temperature for each of its models")
-        exec_ms = plan.get("exec_ms", {})
-        if not isinstance(exec_ms, dict) or not all(bls.number(v) and v >= 0 for v in exec_ms.values()):
-            raise ValueError("the plan's exec_ms must map models to times >= 0")
-        if not isinstance(plan.get("skip", False), bool):
-            raise ValueError("the plan's skip must be true or false")
-        return {**plan, "skip": plan.get("skip", False), "exec_ms": exec_ms}
+        """A plan of this cascade's models (:func:`python_backend.cascade.check_plan`): anything else is refused."""
+        return check_plan(plan, self.models)
 
     def _run(self, plan: dict, members: list, answers: dict, start: float) -> None:
         models, last = plan["models"], len(plan["models"]) - 1

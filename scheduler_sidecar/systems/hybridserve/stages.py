@@ -17,7 +17,6 @@ client's answer is the answering model's own output, and its response says that 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from python_backend.cascade import answered_early, confidence, route
+from python_backend.cascade import answered_early, check_plan, confidence, route
 from scheduler_sidecar.errors import ConfigError
 
 # (a query's input rows, its output rows, its time left in us) -> (next logical model, its input rows), or None
 FollowUp = Callable[[dict[str, bytes], dict[str, bytes], int], "tuple[str, dict[str, bytes]] | None"]
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -59,33 +54,26 @@ class StagedCascade:
 
     @classmethod
     def from_plan(cls, plan: object, served: Mapping[str, str]) -> StagedCascade:
-        if not isinstance(plan, dict):
-            raise ConfigError("cascade: the plan must be a JSON object")
-        models, thresholds = plan.get("models"), plan.get("thresholds")
-        if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models) \
-                or len(set(models)) != len(models):
-            raise ConfigError("cascade: the plan's models must be a non-empty list of distinct model names")
-        missing = [m for m in models if m not in served]
+        # first what the config lacks: a model no logical model serves has no profile to check the plan against
+        named = plan.get("models") if isinstance(plan, dict) else None
+        missing = [m for m in named if isinstance(m, str) and m not in served] if isinstance(named, list) else []
         if missing:
             raise ConfigError(f"cascade: no logical model serves {missing}: give each cascade model a [[models]] "
                               "entry whose profile runs it")
+        try:
+            plan = check_plan(plan)  # the BLS model's checks: the format is one
+        except ValueError as exc:
+            raise ConfigError(f"cascade: {exc}") from None
+        models = plan["models"]
         if len({served[m] for m in models}) != len(models):
             raise ConfigError(f"cascade: each of {models} needs a logical model of its own, got "
                               f"{[served[m] for m in models]}")
-        if not isinstance(thresholds, list) or len(thresholds) != len(models) - 1 or not all(
-                _number(t) and 0 <= t <= 1 for t in thresholds):
-            raise ConfigError(f"cascade: the plan needs {len(models) - 1} thresholds in [0, 1]")
-        temperatures, exec_ms = plan.get("temperatures", {}), plan.get("exec_ms", {})
-        if not isinstance(temperatures, dict) or not all(_number(temperatures.get(m)) and temperatures[m] > 0
-                                                         for m in models):
-            raise ConfigError("cascade: the plan needs a positive temperature for each of its models")
-        if not isinstance(exec_ms, dict) or not all(_number(v) and v >= 0 for v in exec_ms.values()):
-            raise ConfigError("cascade: the plan's exec_ms must map models to times >= 0")
-        if not isinstance(plan.get("skip", False), bool) or not isinstance(plan.get("output", "LOGITS"), str):
-            raise ConfigError("cascade: the plan's skip must be true or false, and its output a name")
-        return cls(tuple(models), tuple(float(t) for t in thresholds), tuple(float(temperatures[m]) for m in models),
-                   plan.get("skip", False), tuple(float(exec_ms.get(m, 0.0)) for m in models),
-                   {m: served[m] for m in models}, plan.get("output", "LOGITS"))
+        if not isinstance(plan.get("output", "LOGITS"), str):
+            raise ConfigError(f"cascade: give the plan's output a name (a string), got {plan['output']!r}")
+        return cls(tuple(models), tuple(float(t) for t in plan["thresholds"]),
+                   tuple(float(plan["temperatures"][m]) for m in models), plan["skip"],
+                   tuple(float(plan["exec_ms"].get(m, 0.0)) for m in models), {m: served[m] for m in models},
+                   plan.get("output", "LOGITS"))
 
     def check_tensors(self, tensors: Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]]) -> None:
         """That every model's inputs are the first's (an escalation passes a request's inputs on as they are) and
