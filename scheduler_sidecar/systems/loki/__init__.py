@@ -16,8 +16,8 @@ from scheduler_sidecar.systems.loki.planner import LokiConfig
 from scheduler_sidecar.systems.loki.policy import BUDGETS, DEFAULT_BUDGET, DropMode
 
 CONFIG_KEYS = frozenset(f.name for f in fields(LokiConfig) if f.name != "top_only")
-# beside LokiConfig's: the path of a pipeline's loki.json, the replica budget S, the dropping mode, the latency
-# budget rule, and the emulated device's factor on the pipeline's profiled latencies
+# beside LokiConfig's: the path of a pipeline's loki.json, the replica budget S (of each Triton server), the dropping
+# mode, the latency budget rule, and the emulated device's factor on the pipeline's profiled latencies
 LIVE_KEYS = frozenset({"pipeline", "instances", "drop", "budget", "slowdown"})
 
 
@@ -50,7 +50,7 @@ def _build(s: LiveSettings, context: PlannerContext) -> LivePlanner:
     if len(slos) > 1:
         raise ValueError(f"loki plans one pipeline: its models must share one SLO, got {dict(context.slo_ms)}")
     return LivePlanner(replace(s.pipeline, slo_ms=slos.pop()) if slos else s.pipeline, s.instances, s.config,
-                       drop=s.drop, budget=s.budget)
+                       drop=s.drop, budget=s.budget, server=context.server)
 
 
 SYSTEM = System("loki", (LokiPipeline,), PlannerEntry(

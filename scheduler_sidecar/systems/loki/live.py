@@ -16,14 +16,16 @@ the plan's variants). Triton cannot run 0 instances of a loaded model, and one i
 would exceed the budget (8 variants in the demo) for nothing: the backups are planned replicas with spare
 capacity, so the BLS never reroutes to a variant the plan leaves out. The engine loads what a worker lacks
 before it unloads what the plan no longer wants (make before break), and the policy sends a worker only a plan
-whose variants it has loaded, so the BLS never calls a model that is not there.
+whose variants it has loaded, so the BLS never calls a model that is not there. On several Triton servers the
+budget is each server's, the MILP plans them all, and each serving server holds its own counts and is sent its own
+BLS plan (:mod:`.servers`): a BLS calls only its own server's models.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from scheduler_sidecar.core.plan import Demand, Plan
@@ -35,6 +37,7 @@ from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import DEFAULT_CONFIG, LokiConfig, LokiPlan, LokiPlanner
 from scheduler_sidecar.systems.loki.policy import BUDGETS, DEFAULT_BUDGET, DropMode, budget_factors
 from scheduler_sidecar.systems.loki.routing import FRONTEND, Routing
+from scheduler_sidecar.systems.loki.servers import deal, routings
 
 
 def bls_plan(pipeline: Pipeline, routing: Routing, *, drop: DropMode | str = DropMode.REROUTING,
@@ -79,19 +82,28 @@ def bls_plan(pipeline: Pipeline, routing: Routing, *, drop: DropMode | str = Dro
 
 
 class LivePlanner(LokiPlanner):
-    """Loki's controller over ``instances`` replica slots (the budget S): each plan carries the BLS plan in
-    ``detail.bls``, the planned variants' instance counts, and a placement that unloads the others (see the module
-    notes)."""
+    """Loki's controller over ``instances`` replica slots (the budget S) of each Triton server: each plan carries
+    the BLS plan in ``detail.bls``, the planned variants' instance counts, and a placement that unloads the others
+    (see the module notes). On several servers (``server`` names an engine worker's), S is each one's and the MILP
+    plans them all (:mod:`.servers`): each serving server gets its own counts (``Plan.server_instances``) and its
+    own BLS plan (``detail.by_worker``), and a server the plan leaves out holds no variant."""
 
     def __init__(self, pipeline: Pipeline, instances: int, config: LokiConfig = DEFAULT_CONFIG, *,
-                 drop: DropMode | str = DropMode.REROUTING, budget: str = DEFAULT_BUDGET) -> None:
+                 drop: DropMode | str = DropMode.REROUTING, budget: str = DEFAULT_BUDGET,
+                 server: Callable[[int], str] = lambda worker_id: "") -> None:
         super().__init__(pipeline, range(instances), config)
         if budget not in BUDGETS:
             raise ValueError(f"loki: budget must be one of {BUDGETS}, got {budget!r}")
-        self.drop, self.budget = DropMode(drop), budget
+        self.drop, self.budget, self.instances, self.server = DropMode(drop), budget, instances, server
         self.variants = frozenset(v.id for t in pipeline.tasks for v in t.variants)
 
     def plan(self, now_us: int, demand: Demand) -> Plan:
+        servers = sorted({self.server(w.id) for w in demand.workers if w.healthy})
+        self.healthy = set(range(self.instances * max(1, len(servers))))  # the cluster: every server's slots
+        for slot in self.healthy:
+            self.hosting.setdefault(slot, None)
+        if len(servers) > 1:
+            return self._plan_servers(now_us, demand, servers)
         # the replica slots are the planner's own (range(instances)), not the engine's workers
         plan = super().plan(now_us, Demand(demand.since_us, demand.until_us, demand.arrivals))
         detail: LokiPlan = plan.detail
@@ -100,6 +112,22 @@ class LivePlanner(LokiPlanner):
         placement = {w.id: w.resident - self.variants | set(bls["instances"])
                      for w in demand.workers if w.resident is not None}
         return Plan(now_us, placement, replace(detail, bls=bls), bls["instances"])
+
+    def _plan_servers(self, now_us: int, demand: Demand, servers: list[str]) -> Plan:
+        plan = super().plan(now_us, Demand(demand.since_us, demand.until_us, demand.arrivals))
+        detail: LokiPlan = plan.detail
+        allocations = detail.solution.allocations
+        dealt = deal(allocations, servers, self.instances)
+        tables = routings(self.pipeline, allocations, dealt, detail.demand_qps * detail.solution.served,
+                          utilisation=1 / self.config.headroom)
+        bls = {s: bls_plan(self.pipeline, r, drop=self.drop, budget=self.budget, version=self.plans)
+               for s, r in tables.items()}
+        healthy = [w for w in demand.workers if w.healthy]
+        placement = {w.id: w.resident - self.variants | set(dealt.get(self.server(w.id), ()))
+                     for w in healthy if w.resident is not None}
+        own = {w.id: dealt[self.server(w.id)] for w in healthy if self.server(w.id) in dealt}
+        by_worker = {w.id: bls[self.server(w.id)] for w in healthy if self.server(w.id) in bls}
+        return Plan(now_us, placement, replace(detail, by_worker=by_worker), server_instances=own)
 
 
 # plans kept for workers that have not loaded the newest one's variants yet (a load takes a second or two; a
@@ -115,17 +143,22 @@ class LokiPipeline(BlsPolicy):
 
     def __init__(self, profile: Profile, *, max_batch: int = 8, **options) -> None:
         super().__init__(profile, max_batch=max_batch, **options)
-        # (its variants, its JSON) of the plans seen, newest first, back to the newest one every worker has loaded;
-        # none until the first plan: the BLS's deployed plan
-        self.plans: list[tuple[frozenset[str], str]] = []
+        # the plans seen, newest first, back to the newest one every worker has loaded: each is worker id (None:
+        # every worker) -> (its variants, its JSON); none until the first plan: the BLS's deployed plan
+        self.plans: list[dict[int | None, tuple[frozenset[str], str]]] = []
 
     def observe_plan(self, now_us: int, plan: Plan) -> None:
-        if isinstance(plan.detail, LokiPlan) and plan.detail.bls is not None:
-            self.plans.insert(0, (frozenset(plan.detail.bls["instances"]), json.dumps(plan.detail.bls)))
-            del self.plans[MAX_PLANS:]  # decide() prunes only while frames are queued: an idle sidecar keeps few
+        detail = plan.detail
+        if not isinstance(detail, LokiPlan) or (detail.bls is None and detail.by_worker is None):
+            return
+        chosen = {None: detail.bls} if detail.bls is not None else detail.by_worker
+        texts = {id(b): (frozenset(b["instances"]), json.dumps(b)) for b in chosen.values()}  # one per server
+        self.plans.insert(0, {w: texts[id(b)] for w, b in chosen.items()})
+        del self.plans[MAX_PLANS:]  # decide() prunes only while frames are queued: an idle sidecar keeps few
 
     def decide(self, now_us: int, queue: QueueView, workers: Sequence[WorkerState]) -> Decision:
-        loaded = [all(w.holds(m) for w in workers if w.healthy for m in models) for models, _ in self.plans]
+        loaded = [all(w.holds(m) for w in workers if w.healthy for m in self._entry(plan, w)[0])
+                  for plan in self.plans]
         if True in loaded:
             del self.plans[loaded.index(True) + 1:]
         return super().decide(now_us, queue, workers)
@@ -141,5 +174,14 @@ class LokiPipeline(BlsPolicy):
         plan = self._plan_for(worker)
         return frames if plan is None else (("loki_plan", plan), *frames)
 
+    @staticmethod
+    def _entry(plan: dict[int | None, tuple[frozenset[str], str]], worker: WorkerState) -> tuple[frozenset[str], str]:
+        """A plan's part for ``worker``: none (no variants, no JSON) for a server the plan leaves out."""
+        return plan.get(worker.id) or plan.get(None) or (frozenset(), "")
+
     def _plan_for(self, worker: WorkerState) -> str | None:
-        return next((text for models, text in self.plans if all(worker.holds(m) for m in models)), None)
+        for plan in self.plans:
+            models, text = self._entry(plan, worker)
+            if text and all(worker.holds(m) for m in models):
+                return text
+        return None

@@ -20,7 +20,7 @@ bound. Measured on the authors' traffic-analysis profile, 20 workers, 2 x l budg
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler_sidecar.core.plan import Demand, Plan, Planner
@@ -73,6 +73,8 @@ class LokiPlan:
     solution: milp.Solution
     routing: Routing
     bls: dict | None = None  # live: the plan the pipeline's BLS model reads (:func:`.live.bls_plan`)
+    # live, on several servers: engine worker -> its server's BLS plan (``bls`` is then None); see ``.servers``
+    by_worker: Mapping[int, dict] | None = None
 
 
 @dataclass(frozen=True, slots=True)
