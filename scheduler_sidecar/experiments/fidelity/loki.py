@@ -34,9 +34,9 @@ INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling
 def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     trained_in, folder = args.build_dir / "loki-demo-small", tmp / "loki"
     progress(f"building (or reusing) the Loki pipeline in {trained_in}")
-    instances = args.instances or INSTANCES
+    instances, bls_instances = args.instances or INSTANCES, args.bls_instances or loki_demo.BLS_INSTANCES
     stamp, profile, models, slowdown = loki_demo.build_pipeline(folder, args.slo_ms, None, instances, "small",
-                                                                trained_in=trained_in)
+                                                                trained_in=trained_in, bls_instances=bls_instances)
     pipeline = replace(trained(stamp).scaled(slowdown), slo_ms=args.slo_ms)
     capacity = planned_capacity(pipeline, instances)
     trace = Trace.load(default_trace(args, tmp, base_qps=5.0, variant_qps=10.0, capacity_qps=capacity))
@@ -73,8 +73,8 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     simulated = {"slo_attainment": float(met.mean()),
                  "mean_serving_accuracy": float(np.nanmean(run_.frames.accuracy[met])) if met.any() else 0.0,
                  "met": int(met.sum()), "dropped": int(run_.frames.dropped.sum())}
-    return gaps({"system": "loki", "queries": len(frames), "instances": instances, "slowdown": slowdown,
-                 "capacity_qps": round(capacity, 1), "rate_qps": round(trace.mean_rate_qps, 1),
+    return gaps({"system": "loki", "queries": len(frames), "instances": instances, "bls_instances": bls_instances,
+                 "slowdown": slowdown, "capacity_qps": round(capacity, 1), "rate_qps": round(trace.mean_rate_qps, 1),
                  "load_ms": load_ms, "live_client": live_client, "live_sidecar": live_sidecar,
                  "live_outcomes": {"refused": sum(f.answer is None for f in frames),
                                    "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},

@@ -84,7 +84,8 @@ def register(demos: argparse._SubParsersAction) -> None:
 
 
 def build_pipeline(folder: Path, slo_ms: float, slowdown: float | None, instances: int,
-           recipe: str, *, trained_in: Path | None = None) -> tuple[Path, Path, list[str], float]:
+           recipe: str, *, trained_in: Path | None = None,
+           bls_instances: int = BLS_INSTANCES) -> tuple[Path, Path, list[str], float]:
     """Build the pipeline with ``recipe`` (cached), write its BLS model with a first plan, and the logical model's
     profile: (loki.json, the profile's path, the stage models, the slowdown: ``slowdown``, or where None the factor
     that makes one frame's slowest path take half of ``slo_ms``). The models are trained in ``folder``, or reused
@@ -101,7 +102,7 @@ def build_pipeline(folder: Path, slo_ms: float, slowdown: float | None, instance
     models = [v.id for t in pipeline.tasks for v in t.variants]
     planner = LivePlanner(pipeline, instances, LokiConfig(min_demand_qps=1.0))
     first = planner.plan(0, Demand(0, 1, {})).detail.bls
-    repository.write_loki_pipeline(folder / "repository", BLS, first, models, instances=BLS_INSTANCES)
+    repository.write_loki_pipeline(folder / "repository", BLS, first, models, instances=bls_instances)
     # the whole pipeline as one variant, for the sidecar's admission and queue
     batches, ms = pipeline.root.top.latency.batch_sizes, _slowest_path_ms(pipeline)
     profile = folder / "pipeline-profile.json"
