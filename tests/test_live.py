@@ -646,6 +646,28 @@ def test_a_request_s_rows_arrive_together_and_are_answered_together(fake):
 
 
 @BOTH_WAYS
+def test_requests_submitted_together_are_decided_once(fake):
+    """Four one-row requests the native edge hands over in one call: one decision, one batch of four (each alone,
+    the first would have run as a batch of one while the others queued); a request whose client left within the
+    same burst is off the queue before anything runs."""
+    async def main():
+        w = worker(gated=False, fake=fake)
+        driver, (model,) = make_driver(w)
+        got: dict[int, object] = {}
+        with driver.together():
+            requests = [driver.submit(model, [row(i, 1)], 1_000_000, None, 0,
+                                      lambda answers, error, i=i: got.setdefault(i, answers or error))
+                        for i in range(5)]
+            driver.withdraw(requests[4])
+            assert w.calls == [] and driver.engine.queued("m") == 4  # queued, not decided on, the fifth gone
+        await settle()
+        assert [c.rows for c in w.calls] == [4] and sorted(got) == [0, 1, 2, 3]
+        assert [logits(got[i][0])[0] for i in range(4)] == [1, 2, 3, 4] and driver.num_pending == 0
+
+    asyncio.run(main())
+
+
+@BOTH_WAYS
 def test_a_request_whose_row_fails_fails_and_its_other_rows_are_withdrawn(fake):
     """One row of a request breaks the model: the request gets that row's error, and its other rows are withdrawn
     (taken off the queue, or their answers discarded)."""

@@ -183,11 +183,13 @@ class Engine:
         self.routing = Routing(self.table, self._dropped)
 
     # ------------------------------------------------------------------ events from the driver
-    def arrive(self, *queries: Query) -> None:
-        """Admit queries that arrived together (each, or end it as rejected), then let the policies decide once."""
+    def arrive(self, *queries: Query, decide: bool = True) -> None:
+        """Admit queries that arrived together (each, or end it as rejected), then let the policies decide once;
+        with ``decide`` false, at the next event instead (more of the same burst is still arriving)."""
         for query in queries:
             self._admit(query)
-        self.step()
+        if decide:
+            self.step()
 
     def _admit(self, query: Query) -> None:
         qt = self.types.get(query.type)

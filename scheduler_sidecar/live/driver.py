@@ -29,10 +29,11 @@ request whose client leaves is taken off the queue (or its answer discarded if i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -237,6 +238,8 @@ class LiveDriver:
         self.membership = membership or Membership()
         self.on_worker_lost = on_worker_lost or (lambda worker, reason: None)
         self._pending: dict[int, _Pending] = {}
+        self._held: list[Query] | None = None  # queries submitted together, not yet arrived (see ``together``)
+        self._undecided = False  # a burst's queries were queued early (a withdrawal within it), not decided on yet
         self._ids = itertools.count()
         self._calibration = Calibration()
         # Triton model -> last measured load time (the profile's measured one until then)
@@ -365,12 +368,32 @@ class LiveDriver:
             self._pending[qid] = _Pending(query, model, inputs, request, row, now)
             queries.append(query)
             request.query_ids.append(qid)
-        self._guard(self.engine.arrive, *queries)
+        if self._held is not None:
+            self._held.extend(queries)
+        else:
+            self._guard(self.engine.arrive, *queries)
         return request
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """The requests submitted inside arrive together: the policies decide once for all of them (a burst the
+        native edge hands over in one call), each query still with its own arrival time."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held or self._undecided:
+                self._undecided = False
+                self._guard(self.engine.arrive, *held)
 
     def withdraw(self, request: Request) -> None:
         """The client left: its request is not answered, and its rows still queued are taken off the queue (those
         running finish, and their answers are discarded)."""
+        if self._held:  # a request of the burst being taken is queued (not decided on) before it leaves the queue
+            held, self._held = self._held, []
+            self._undecided = True
+            self._guard(lambda: self.engine.arrive(*held, decide=False))
         if not request.ended:
             request.ended = True
             self._withdraw_rows(request)

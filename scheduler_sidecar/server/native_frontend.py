@@ -71,20 +71,24 @@ class NativeFrontend:
     def _take(self) -> None:
         """What the edge has queued, in one call: requests to serve and requests whose client left. Each request is
         checked and queued here, with no coroutine of its own; its answer goes to the edge from :meth:`_answer`."""
-        for arrival in self.edge.take(TAKE_LIMIT, 0):
-            rid = arrival[0]
-            if arrival[1] == CANCELLED:  # the client left: what it asked is no longer served
-                request = self._serving.pop(rid, None)
-                if request is not None:
-                    self.sidecar.withdraw(request)
-                continue
-            try:
-                self._serve(*arrival)
-            except RequestError as exc:
-                self._fail(rid, exc)
-            except Exception as exc:  # a bug: still this request's answer
-                log.exception("a request failed")
-                self._fail(rid, InternalError(f"{type(exc).__name__}: {exc}"))
+        with self.sidecar.driver.together():  # one decision for the burst
+            for arrival in self.edge.take(TAKE_LIMIT, 0):
+                self._take_one(arrival)
+
+    def _take_one(self, arrival: tuple) -> None:
+        rid = arrival[0]
+        if arrival[1] == CANCELLED:  # the client left: what it asked is no longer served
+            request = self._serving.pop(rid, None)
+            if request is not None:
+                self.sidecar.withdraw(request)
+            return
+        try:
+            self._serve(*arrival)
+        except RequestError as exc:
+            self._fail(rid, exc)
+        except Exception as exc:  # a bug: still this request's answer
+            log.exception("a request failed")
+            self._fail(rid, InternalError(f"{type(exc).__name__}: {exc}"))
 
     def _serve(self, rid: int, _kind: int, model_name: str, version: str, _request_id: str, params: dict,
                inputs: list | None, outputs: list[str], remaining_us: int, arrival_us: int,
