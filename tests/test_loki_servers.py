@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
@@ -169,7 +169,6 @@ def test_two_tritons_each_run_their_part_of_the_plan(tmp_path):
                 config=demo.sidecar_config(stamp, profile, settings)) as d:
         urls = [t.grpc_url for t in d.tritons]
         quiet = {url: _held(url, models) for url in urls}
-        frames = asyncio.run(demo.send(d.sidecar.grpc_url, np.arange(0, 10, 1 / 40), models, settings.slo_ms))
 
         def said() -> dict[str, dict[str, int]]:  # the counts the sidecar last set on each Triton
             counts: dict[str, dict[str, int]] = {url: {} for url in urls}
@@ -178,12 +177,29 @@ def test_two_tritons_each_run_their_part_of_the_plan(tmp_path):
                     counts[next(u for u in urls if f" on {u}#" in line)][m.group(1)] = int(m.group(2))
             return counts
 
-        for _ in range(150):  # a plan may be loading: poll until each Triton runs what the sidecar last said
-            busy, last = {url: _held(url, models) for url in urls}, said()
-            if all(busy[url] == {m: last[url].get(m) for m in busy[url]} and len({tasks[m] for m in busy[url]}) == 3
-                   for url in urls):
-                break
-            asyncio.run(asyncio.sleep(0.2))
+        sending = {"until_s": 60.0}
+
+        def arrivals():  # 40 frames a second, until 2 s after both Tritons hold their part of the plan
+            i = 0
+            while i / 40 < sending["until_s"]:
+                yield i / 40
+                i += 1
+
+        async def watch() -> tuple[dict, dict]:
+            begin = time.monotonic()
+            for _ in range(250):  # poll what each Triton runs until both run a whole pipeline, as the sidecar said
+                busy, last = await asyncio.to_thread(lambda: ({url: _held(url, models) for url in urls}, said()))
+                if all({tasks[m] for m in busy[url]} == set(tasks.values())
+                       and busy[url] == {m: last[url].get(m) for m in busy[url]} for url in urls):
+                    break
+                await asyncio.sleep(0.2)
+            sending["until_s"] = time.monotonic() - begin + 2
+            return busy, last
+
+        async def drive():
+            return await asyncio.gather(demo.send(d.sidecar.grpc_url, arrivals(), models, settings.slo_ms), watch())
+
+        frames, (busy, last) = asyncio.run(drive())
         log = d.sidecar.log_path.read_text()
         served = {url: _served(url, demo.BLS) for url in urls}
     print("quiet:", quiet, "\nbusy:", busy, "\nframe batches served:", served)
