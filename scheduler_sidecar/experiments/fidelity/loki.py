@@ -48,6 +48,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
         progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, "
                  f"SLO {args.slo_ms:g} ms")
         frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))
+        live_batches = mean_batches(d.tritons[0].grpc_url, models)
         log = sidecar.log_path.read_text()
         load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
     (tmp / "sidecar.log").write_text(log)
@@ -70,6 +71,9 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
     run_ = loki_demo.simulate_beside(stamp, demo, trace.arrival_s, load_ms)
     met = run_.frames.met
+    simulated_batches: dict[str, list[int]] = {}
+    for b in run_.result.batches:
+        simulated_batches.setdefault(b.variant_id, []).append(b.batch_size)
     simulated = {"slo_attainment": float(met.mean()),
                  "mean_serving_accuracy": float(np.nanmean(run_.frames.accuracy[met])) if met.any() else 0.0,
                  "met": int(met.sum()), "dropped": int(run_.frames.dropped.sum())}
@@ -78,7 +82,29 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                  "load_ms": load_ms, "live_client": live_client, "live_sidecar": live_sidecar,
                  "live_outcomes": {"refused": sum(f.answer is None for f in frames),
                                    "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},
-                 "simulated": simulated, "simulated_plans": [p.step for p in run_.plans]})
+                 "simulated": simulated, "simulated_plans": [p.step for p in run_.plans],
+                 # each stage model's mean batch: live, the Tritons' count of rows over executions (of the models
+                 # loaded at the end); simulated, over the batches each variant ran
+                 "mean_batch": {"live": live_batches,
+                                "simulated": {v: round(float(np.mean(b)), 2) for v, b in simulated_batches.items()}}})
+
+
+def mean_batches(url: str, models: list[str]) -> dict[str, float]:
+    """Each of ``models`` loaded on the Triton at ``url``: the rows it ran per execution, from Triton's statistics."""
+    import tritonclient.grpc as grpcclient  # lazy: gRPC
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        stats = client.get_inference_statistics().model_stats
+    finally:
+        client.close()
+    rows: dict[str, list[int]] = {}
+    for s in stats:
+        if s.name in models and s.execution_count:
+            rows.setdefault(s.name, [0, 0])
+            rows[s.name][0] += s.inference_count
+            rows[s.name][1] += s.execution_count
+    return {m: round(n / k, 2) for m, (n, k) in rows.items()}
 
 
 def planned_capacity(pipeline: Pipeline, instances: int) -> float:
