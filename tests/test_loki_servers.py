@@ -7,12 +7,13 @@ import asyncio
 import json
 import time
 from collections import Counter
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import tritonclient.grpc as grpcclient
 
-from scheduler_sidecar.core.plan import Demand
+from scheduler_sidecar.core.plan import Demand, Plan
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
@@ -51,6 +52,18 @@ def test_a_server_left_without_a_task_gets_its_most_accurate_variant_within_its_
     full = deal([_allocation("d", "d1", 5, 0.9), _allocation("d", "d2", 2, 0.6), _allocation("c", "c1", 1, 0.8)],
                 ["a", "b"], 4)
     assert full == {"a": {"d1": 3, "c1": 1}, "b": {"d1": 2, "d2": 1, "c1": 1}}
+
+
+def test_a_full_server_lacking_several_tasks_stays_within_its_budget():
+    """Three servers of 4 and a task of 7 replicas beside three of one: each server gets every task, and a replica that
+    gave way is not given way twice (a count of 0 is not the least accurate replica left)."""
+    allocations = [_allocation("x", "xa", 5, 0.9), _allocation("x", "xb", 2, 0.5), _allocation("y", "y1", 1, 0.8),
+                   _allocation("z", "z1", 1, 0.8), _allocation("w", "w1", 1, 0.8)]
+    dealt = deal(allocations, ["s0", "s1", "s2"], 4)
+    assert set(dealt) == {"s0", "s1", "s2"}
+    for counts in dealt.values():
+        assert sum(counts.values()) <= 4 and all(n > 0 for n in counts.values())
+        assert {v[0] for v in counts} == {"x", "y", "z", "w"}
 
 
 def _workers(servers: dict[int, str], pipeline) -> list[WorkerState]:
@@ -108,6 +121,32 @@ def test_a_quiet_pool_uses_one_server_and_a_busy_one_both():
     one.initial_demand_qps = 600.0
     plan = one.plan(0, Demand(0, 1, {}, tuple(_workers(servers, pipeline))))
     assert plan.server_instances == {} and plan.detail.by_worker is None and sum(plan.instances.values()) <= 10
+
+
+def test_a_server_that_is_down_keeps_what_it_has_and_the_other_gets_the_plan():
+    """Two Tritons, one down: the plan is the healthy one's, sent as its own counts; the down one's workers get no
+    placement and no counts to load when it comes back (the plan made then will say what it holds)."""
+    pipeline = traffic_analysis()
+    servers = {0: "a", 1: "b"}
+    workers = _workers(servers, pipeline)
+    workers[1] = WorkerState(1, healthy=False, resident=workers[1].resident)
+    planner = LivePlanner(pipeline, 10, LokiConfig(min_demand_qps=1.0), server=servers.get)
+    planner.initial_demand_qps = 600.0
+    plan = planner.plan(0, Demand(0, 1, {}, tuple(workers)))
+    assert plan.instances == {} and set(plan.server_instances) == set(plan.placement) == set(plan.detail.by_worker) == {0}
+    assert sum(plan.server_instances[0].values()) <= 10  # the healthy server's budget alone
+
+
+def test_a_plan_that_places_nothing_leaves_the_plans_in_force():
+    latency = LatencyCurve((1, 8), (50.0, 100.0), (50.0, 100.0))
+    profile = Profile("pipeline", "test", (Variant("pipeline", 1.0, Actuation("pipeline", BLS), {"cpu": latency}),))
+    policy = LokiPipeline(profile)
+    servers = {0: "a", 1: "b"}
+    planner = LivePlanner(traffic_analysis(), 10, LokiConfig(min_demand_qps=1.0), server=servers.get)
+    plan = planner.plan(0, Demand(0, 1, {}, tuple(_workers(servers, traffic_analysis()))))
+    policy.observe_plan(0, plan)
+    policy.observe_plan(1, Plan(1, {}, replace(plan.detail, by_worker={})))  # e.g. the MILP found no solution
+    assert len(policy.plans) == 1 and policy.serves(WorkerState(0, resident=plan.placement[0]))
 
 
 def test_the_policy_sends_each_server_its_own_plan_and_none_to_a_server_left_out():

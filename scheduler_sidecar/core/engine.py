@@ -185,7 +185,7 @@ class Engine:
     # ------------------------------------------------------------------ events from the driver
     def arrive(self, *queries: Query, decide: bool = True) -> None:
         """Admit queries that arrived together (each, or end it as rejected), then let the policies decide once;
-        with ``decide`` false, at the next event instead (more of the same burst is still arriving)."""
+        with ``decide`` false, at the next event that decides instead (more of the same burst is still arriving)."""
         for query in queries:
             self._admit(query)
         if decide:

@@ -378,6 +378,9 @@ class LiveDriver:
     def together(self) -> Iterator[None]:
         """The requests submitted inside arrive together: the policies decide once for all of them (a burst the
         native edge hands over in one call), each query still with its own arrival time."""
+        if self._held is not None:  # inside a burst already: it is the outer one's
+            yield
+            return
         self._held = []
         try:
             yield

@@ -104,7 +104,7 @@ class NativeFrontend:
         model, checked = grpc_frontend.check(self.sidecar, model_name, version, params, read, outputs)
         submitted = self.sidecar.submit(checked, model, budget_us, waited_us,
                                         lambda answer, error: self._answer(rid, model, checked, answer, error))
-        if not submitted.ended:  # refused on arrival, it has had its answer already
+        if not submitted.ended:  # refused on arrival, it has had its answer (within a burst, refusal comes later)
             self._serving[rid] = submitted
 
     def _answer(self, rid: int, model: ModelInfo, checked: InferRequest, answer: Answer | None,

@@ -83,8 +83,9 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                  "live_outcomes": {"refused": sum(f.answer is None for f in frames),
                                    "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},
                  "simulated": simulated, "simulated_plans": [p.step for p in run_.plans],
-                 # each stage model's mean batch: live, the Tritons' count of rows over executions (of the models
-                 # loaded at the end); simulated, over the batches each variant ran
+                 # each stage model's mean batch: live, Triton's count of rows over executions (of the models
+                 # loaded at the end, since their last load); simulated, over the batches each variant ran
+                 # (retried ones too)
                  "mean_batch": {"live": live_batches,
                                 "simulated": {v: round(float(np.mean(b)), 2) for v, b in simulated_batches.items()}}})
 

@@ -98,12 +98,19 @@ class LivePlanner(LokiPlanner):
         self.variants = frozenset(v.id for t in pipeline.tasks for v in t.variants)
 
     def plan(self, now_us: int, demand: Demand) -> Plan:
-        servers = sorted({self.server(w.id) for w in demand.workers if w.healthy})
+        # each worker's server, read once (a server that left while this plan is made has no name: not planned for)
+        where = {}
+        for w in demand.workers:
+            try:
+                where[w.id] = self.server(w.id)
+            except KeyError:
+                pass
+        servers = sorted({where[w.id] for w in demand.workers if w.healthy and w.id in where})
         self.healthy = set(range(self.instances * max(1, len(servers))))  # the cluster: every server's slots
         for slot in self.healthy:
             self.hosting.setdefault(slot, None)
-        if len(servers) > 1:
-            return self._plan_servers(now_us, demand, servers)
+        if len(set(where.values())) > 1 and servers:  # several servers, even with one of them down
+            return self._plan_servers(now_us, demand, servers, where)
         # the replica slots are the planner's own (range(instances)), not the engine's workers
         plan = super().plan(now_us, Demand(demand.since_us, demand.until_us, demand.arrivals))
         detail: LokiPlan = plan.detail
@@ -113,7 +120,8 @@ class LivePlanner(LokiPlanner):
                      for w in demand.workers if w.resident is not None}
         return Plan(now_us, placement, replace(detail, bls=bls), bls["instances"])
 
-    def _plan_servers(self, now_us: int, demand: Demand, servers: list[str]) -> Plan:
+    def _plan_servers(self, now_us: int, demand: Demand, servers: list[str], where: dict[int, str]) -> Plan:
+        """The plan over ``servers`` (the healthy ones); a worker of a server that is down keeps what it has."""
         plan = super().plan(now_us, Demand(demand.since_us, demand.until_us, demand.arrivals))
         detail: LokiPlan = plan.detail
         allocations = detail.solution.allocations
@@ -122,11 +130,11 @@ class LivePlanner(LokiPlanner):
                           utilisation=1 / self.config.headroom)
         bls = {s: bls_plan(self.pipeline, r, drop=self.drop, budget=self.budget, version=self.plans)
                for s, r in tables.items()}
-        healthy = [w for w in demand.workers if w.healthy]
-        placement = {w.id: w.resident - self.variants | set(dealt.get(self.server(w.id), ()))
+        healthy = [w for w in demand.workers if w.healthy and w.id in where]
+        placement = {w.id: w.resident - self.variants | set(dealt.get(where[w.id], ()))
                      for w in healthy if w.resident is not None}
-        own = {w.id: dealt[self.server(w.id)] for w in healthy if self.server(w.id) in dealt}
-        by_worker = {w.id: bls[self.server(w.id)] for w in healthy if self.server(w.id) in bls}
+        own = {w.id: dealt[where[w.id]] for w in healthy if where[w.id] in dealt}
+        by_worker = {w.id: bls[where[w.id]] for w in healthy if where[w.id] in bls}
         return Plan(now_us, placement, replace(detail, by_worker=by_worker), server_instances=own)
 
 
@@ -149,8 +157,8 @@ class LokiPipeline(BlsPolicy):
 
     def observe_plan(self, now_us: int, plan: Plan) -> None:
         detail = plan.detail
-        if not isinstance(detail, LokiPlan) or (detail.bls is None and detail.by_worker is None):
-            return
+        if not isinstance(detail, LokiPlan) or (detail.bls is None and not detail.by_worker):
+            return  # a plan that places nothing (no solution) leaves the plans in force
         chosen = {None: detail.bls} if detail.bls is not None else detail.by_worker
         texts = {id(b): (frozenset(b["instances"]), json.dumps(b)) for b in chosen.values()}  # one per server
         self.plans.insert(0, {w: texts[id(b)] for w, b in chosen.items()})

@@ -53,7 +53,7 @@ def deal(allocations: Sequence[Allocation], servers: Sequence[str], budget: int)
                 continue
             if sum(held[s].values()) >= budget:  # full: some task has two here (budget >= the tasks)
                 most = max(tasks, key=lambda t: (on(s, t), -tasks.index(t)))
-                least = min((v for v in held[s] if task_of[v] == most),
+                least = min((v for v, n in held[s].items() if n > 0 and task_of[v] == most),
                             key=lambda v: next(a.accuracy for a in ranked if a.variant == v))
                 held[s][least] -= 1
             held[s][best[task]] += 1
