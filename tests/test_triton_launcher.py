@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,12 @@ import pytest
 import tritonclient.http as httpclient
 
 from scheduler_sidecar.processes import triton_launcher
-from scheduler_sidecar.processes.triton_launcher import TritonServer, TritonStartError, find_tritonserver
+from scheduler_sidecar.processes.triton_launcher import (
+    SHM_DIR,
+    TritonServer,
+    TritonStartError,
+    find_tritonserver,
+)
 
 pytestmark = pytest.mark.triton
 
@@ -99,6 +105,30 @@ def test_stop_leaves_no_processes(repository: Path, tmp_path: Path) -> None:
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
     assert server.pid is None
     assert server.returncode == 0
+
+
+def test_stop_removes_the_shared_memory_of_a_stub_that_was_killed(repository: Path, tmp_path: Path) -> None:
+    """A python-backend stub killed (as stop() kills what outlives the exit timeout) never unlinks its shared-memory
+    region; stop() removes the regions of its own server, whose names it chose, and no other's."""
+    other = Path(SHM_DIR) / "accscale_test_someone_elses_region"
+    other.write_bytes(b"")
+    server = TritonServer(repository=repository, log_path=tmp_path / "triton.log")
+    server.start()
+    try:
+        regions = sorted(Path(SHM_DIR).glob(f"{server._shm_prefix}*"))
+        assert regions  # the stub's, under this server's own name
+        stubs = [p for p in psutil.Process(server.pid).children(recursive=True)
+                 if "triton_python_backend_stub" in " ".join(p.cmdline())]
+        for stub in stubs:
+            stub.send_signal(signal.SIGKILL)
+        psutil.wait_procs(stubs, timeout=5)
+        assert all(r.exists() for r in regions)  # left behind by the killed stub
+    finally:
+        server.stop()
+    try:
+        assert not any(r.exists() for r in regions) and other.exists()
+    finally:
+        other.unlink()
 
 
 PARENT = """

@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "accscale"
 # how long Triton waits for in-flight requests on SIGTERM before it exits anyway
 EXIT_TIMEOUT_S = 5
+SHM_DIR = "/dev/shm"  # where the python backend's regions are (POSIX shared memory on Linux)
 READY_POLL_INTERVAL_S = 0.2
 
 INSTALL_HINT = (
@@ -195,6 +197,10 @@ class TritonServer:
             log_path = Path(name)
         self._log_path = Path(log_path)
         self._extra_args = tuple(extra_args)
+        # the python backend's shared-memory regions under a name of this server's own, so that stop() can remove
+        # what stubs it had to kill leave in /dev/shm (a killed stub never unlinks its region: 1 MB each, for good)
+        self._shm_prefix = None if any("shm-region-prefix-name" in a for a in self._extra_args) else \
+            f"accscale_{os.getpid()}_{secrets.token_hex(4)}_"
         self._ready_timeout_s = ready_timeout_s
         if not emulate_slowdown >= 1:
             raise ValueError(f"emulate_slowdown must be >= 1, got {emulate_slowdown}")
@@ -248,6 +254,7 @@ class TritonServer:
             "--strict-readiness=true",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             "--log-verbose=0",
+            *([f"--backend-config=python,shm-region-prefix-name={self._shm_prefix}"] if self._shm_prefix else []),
         ]
         caches = install.backend_dir.parent / "caches"
         if caches.is_dir():  # the default, /opt/tritonserver/caches, does not exist for the bundled build
@@ -338,6 +345,9 @@ class TritonServer:
                 proc.wait()
         # Stubs can outlive a server that crashed or was killed; they would hold CPU and shared memory.
         _signal_group(proc.pid, signal.SIGKILL)
+        if self._shm_prefix is not None:
+            for region in Path(SHM_DIR).glob(f"{self._shm_prefix}*"):
+                region.unlink(missing_ok=True)
         self._returncode = proc.returncode
         self._proc = None
         log.info("tritonserver at %s stopped%s", self.http_url, self._how_it_stopped(proc.returncode))
