@@ -16,8 +16,7 @@ from scheduler_sidecar.core.plan import Demand, Plan
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
-from scheduler_sidecar.experiments.deployment import Device, Request, deploy, open_loop
-from scheduler_sidecar.experiments.fidelity.hybridserve import RELOADED
+from scheduler_sidecar.experiments.deployment import Device, Request, deploy, instances_set, open_loop
 from scheduler_sidecar.experiments.hybridserve import demo
 from scheduler_sidecar.live.workers import TritonWorker
 from scheduler_sidecar.server import config
@@ -159,12 +158,7 @@ def test_the_sidecar_serves_a_per_server_plan_on_two_tritons(hybridserve_family,
         urls = [t.grpc_url for t in d.tritons]
 
         def logged() -> dict[str, dict[str, int]]:  # the counts the sidecar last set on each Triton
-            counts: dict[str, dict[str, int]] = {url: {} for url in urls}
-            for line in d.sidecar.log_path.read_text().splitlines():
-                if (m := RELOADED.search(line)) is not None:
-                    url = next(u for u in urls if f" on {u}#" in line)
-                    counts[url][m.group(1)] = int(m.group(2))
-            return counts
+            return instances_set(d.sidecar.log_path.read_text(), urls)
 
         async def settle() -> tuple[dict, dict]:
             tritons = {url: TritonWorker(url) for url in urls}

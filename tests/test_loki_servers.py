@@ -17,8 +17,7 @@ from scheduler_sidecar.core.plan import Demand, Plan
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.core.queue import EdfQueue
 from scheduler_sidecar.core.records import Query, WorkerState
-from scheduler_sidecar.experiments.deployment import Device, deploy
-from scheduler_sidecar.experiments.fidelity.hybridserve import RELOADED
+from scheduler_sidecar.experiments.deployment import Device, deploy, instances_set
 from scheduler_sidecar.experiments.loki import demo
 from scheduler_sidecar.systems.loki.data import traffic_analysis, trained
 from scheduler_sidecar.systems.loki.live import LivePlanner, LokiPipeline
@@ -210,11 +209,7 @@ def test_two_tritons_each_run_their_part_of_the_plan(tmp_path):
         quiet = {url: _held(url, models) for url in urls}
 
         def said() -> dict[str, dict[str, int]]:  # the counts the sidecar last set on each Triton
-            counts: dict[str, dict[str, int]] = {url: {} for url in urls}
-            for line in d.sidecar.log_path.read_text().splitlines():
-                if (m := RELOADED.search(line)) is not None:
-                    counts[next(u for u in urls if f" on {u}#" in line)][m.group(1)] = int(m.group(2))
-            return counts
+            return instances_set(d.sidecar.log_path.read_text(), urls)
 
         sending = {"until_s": 60.0}
 

@@ -598,7 +598,7 @@ class Engine:
 
     def _release(self, batch: Batch) -> bool:
         """Free the batch's worker; False if the batch is stale (its worker was lost and it was retried)."""
-        if self._running.get(batch.worker_id) is not batch:
+        if not self.is_running(batch):
             return False
         del self._running[batch.worker_id]
         i = self.table.index[batch.worker_id]

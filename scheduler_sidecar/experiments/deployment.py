@@ -23,6 +23,17 @@ from scheduler_sidecar.processes.sidecar import SidecarServer
 from scheduler_sidecar.processes.triton_launcher import TritonServer
 
 LOADED = re.compile(r"loaded (\S+) on (\S+) in (\d+) ms")  # the sidecar's log line for a model it loaded
+# the sidecar's line for a model's instance count set (reloaded, unchanged, or deferred to its next load)
+RELOADED = re.compile(r"(\S+) runs (\d+) instance\(s\) on \S+ \((\w+) in (\d+) ms\)")
+
+
+def instances_set(log: str, urls: Sequence[str]) -> dict[str, dict[str, int]]:
+    """The instance count the sidecar last set for each model on each of the Tritons at ``urls``, from its log."""
+    counts: dict[str, dict[str, int]] = {url: {} for url in urls}
+    for line in log.splitlines():
+        if (m := RELOADED.search(line)) is not None:
+            counts[next(u for u in urls if f" on {u}#" in line)][m.group(1)] = int(m.group(2))
+    return counts
 
 
 @dataclass(frozen=True)

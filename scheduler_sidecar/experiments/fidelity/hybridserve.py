@@ -43,7 +43,7 @@ from loadtest.loadtest_cli import Replay, replay, save_payloads
 from loadtest.requestlog import RequestLog
 from loadtest.traces import Trace, gamma, with_payloads, with_slo
 from scheduler_sidecar.core.profile import Profile
-from scheduler_sidecar.experiments.deployment import Device, deploy
+from scheduler_sidecar.experiments.deployment import RELOADED, Device, deploy
 from scheduler_sidecar.experiments.fidelity.common import (
     Progress,
     at_load,
@@ -59,8 +59,6 @@ from scheduler_sidecar.systems.hybridserve.family import Family
 from scheduler_sidecar.systems.hybridserve.live import HybridServeConfig, HybridServePlanner
 
 INSTANCES = 16  # --instances' default: the model instances the replicas share
-# the driver's line for a model's instance count set (reloaded, unchanged, or deferred to its next load)
-RELOADED = re.compile(r"(\S+) runs (\d+) instance\(s\) on \S+ \((\w+) in (\d+) ms\)")
 
 PLAN_WAIT_S = 300.0  # how long the cascade's instance counts may take to be in place
 

@@ -33,6 +33,7 @@ def deal(allocations: Sequence[Allocation], servers: Sequence[str], budget: int)
     used = sum(a.replicas for a in allocations)
     serving = list(servers[:min(len(servers), max(1, -(-used // budget)))])
     task_of = {a.variant: a.task for a in allocations}
+    accuracy = {a.variant: a.accuracy for a in allocations}
     tasks = list(dict.fromkeys(a.task for a in allocations))
     held: dict[str, Counter[str]] = {s: Counter() for s in serving}
 
@@ -53,8 +54,7 @@ def deal(allocations: Sequence[Allocation], servers: Sequence[str], budget: int)
                 continue
             if sum(held[s].values()) >= budget:  # full: some task has two here (budget >= the tasks)
                 most = max(tasks, key=lambda t: (on(s, t), -tasks.index(t)))
-                least = min((v for v, n in held[s].items() if n > 0 and task_of[v] == most),
-                            key=lambda v: next(a.accuracy for a in ranked if a.variant == v))
+                least = min((v for v, n in held[s].items() if n > 0 and task_of[v] == most), key=accuracy.get)
                 held[s][least] -= 1
             held[s][best[task]] += 1
     return {s: {v: n for v, n in c.items() if n > 0} for s, c in held.items()}
