@@ -1,5 +1,6 @@
 """`pip install .` builds the sidecar's native edge (native/edge.cc) into the package where its tools are: cmake, g++,
-pkg-config and Debian's libgrpc++-dev and protobuf-compiler-grpc (scripts/install_native_deps.sh installs them).
+pkg-config and Debian's libgrpc++-dev, protobuf-compiler-grpc and rapidjson-dev (scripts/install_native_deps.sh installs
+them).
 Without them the package installs without it (`pip install -v .` shows why): the sidecar's Python edge serves (the
 default, `--edge auto`, says so in its log), and `--edge native` fails naming what to install. An
 editable install (`make`'s) builds nothing here: a source checkout builds the edge on first use into build/native."""

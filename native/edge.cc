@@ -1,4 +1,5 @@
-// The native edge (issue 45): the sidecar's public gRPC port, served in C++ on gRPC's own threads.
+// The native edge (issue 45): the sidecar's public gRPC port, served in C++ on gRPC's own threads, and its HTTP port
+// (http_server.cc, one epoll thread).
 //
 // Every call arrives through one generic callback service, as bytes:
 // - ModelInfer and ModelStreamInfer are parsed here, and each request becomes an arrival record that Python
@@ -6,7 +7,12 @@
 //   decides and serves as before and hands back each request's outputs (Edge::answer) or its error (Edge::fail);
 //   the response is built, serialized and written here. A call the client cancels becomes a cancel record.
 // - Every other method (health, metadata, config, admin) is passed as it came to the Python front end on a
-//   loopback port, and its answer passed back: one implementation of what those say, the Python one.
+//   Unix socket, and its answer passed back: one implementation of what those say, the Python one.
+// - HTTP's inference requests (POST /v2/models/{m}[/versions/{v}]/infer) become arrival records as gRPC's do. A
+//   request whose inputs all travel in the binary tail (tritonclient's and perf_analyzer's binary mode) is taken
+//   apart here. Any other (JSON "data", or anything this fast path does not recognize, malformed bodies included)
+//   crosses whole, and the Python front end's parser reads it: one implementation of the JSON value rules and of
+//   the error messages, as typed gRPC contents cross whole. Every other HTTP request goes to the Python front end.
 // Time spent here before Python sees a request counts against its slack: each record carries its arrival time on
 // CLOCK_MONOTONIC (the sidecar's clock) and the time the client's deadline left it then.
 
@@ -35,10 +41,20 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include <cmath>
+#include <variant>
 
 #include "grpc_service.grpc.pb.h"
+#include "http_server.h"
 
 namespace py = pybind11;
+using accscale::HttpRequest;
+using accscale::HttpResponse;
+using accscale::HttpServer;
 using inference::GRPCInferenceService;
 
 namespace {
@@ -128,14 +144,176 @@ class Outbox {
   std::thread thread_;
 };
 
-// One request as Python takes it. kind: 0 a request to serve, 1 its call was cancelled.
+// What the HTTP fast path reads of a request's JSON header.
+using Param = std::variant<bool, int64_t, uint64_t, double, std::string>;
+struct HttpInput {
+  std::string name, datatype;
+  std::vector<int64_t> shape;
+  size_t offset = 0, size = 0;  // its bytes in the body
+};
+struct HttpInfer {
+  std::string model, version;
+  std::string body;                 // the whole body: the inputs' bytes are slices of it
+  std::optional<std::string> header_length;  // Inference-Header-Content-Length, as sent
+  bool whole = true;                // the fast path did not read it: Python's parser reads the body
+  std::optional<std::string> id;
+  std::vector<std::pair<std::string, Param>> parameters;
+  std::vector<HttpInput> inputs;
+  std::optional<std::vector<std::pair<std::string, int>>> outputs;  // binary_data: -1 not given, 0, 1
+};
+
+// One request as Python takes it. kind: 0 a gRPC request to serve, 1 its call was cancelled, 2 an HTTP request.
 struct Arrival {
   uint64_t id = 0;
   int kind = 0;
   int64_t arrival_us = 0;
   int64_t remaining_us = -1;  // what the client's deadline left at arrival; -1: none
   inference::ModelInferRequest request;
+  std::unique_ptr<HttpInfer> http;
 };
+
+constexpr int kServe = 0, kCancelled = 1, kHttp = 2;
+
+// "/v2/models/{model}[/versions/{version}]/infer", percent-decoded as the Python front end's router reads it; false
+// for any other path (the Python front end answers it, 404 included)
+bool InferPath(const std::string& path, std::string* model, std::string* version) {
+  std::vector<std::string> parts;
+  size_t at = 1;
+  if (path.empty() || path[0] != '/') return false;
+  for (;;) {
+    size_t slash = path.find('/', at);
+    parts.push_back(path.substr(at, slash == std::string::npos ? std::string::npos : slash - at));
+    if (slash == std::string::npos) break;
+    at = slash + 1;
+  }
+  if (parts.size() != 4 && parts.size() != 6) return false;
+  if (parts[0] != "v2" || parts[1] != "models" || parts.back() != "infer") return false;
+  if (parts.size() == 6 && parts[3] != "versions") return false;
+  auto decode = [](const std::string& in, std::string* out) {
+    out->clear();
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (in[i] != '%') {
+        out->push_back(in[i]);
+        continue;
+      }
+      if (i + 2 >= in.size() || !std::isxdigit(static_cast<unsigned char>(in[i + 1])) ||
+          !std::isxdigit(static_cast<unsigned char>(in[i + 2])))
+        return false;
+      out->push_back(static_cast<char>(std::stoi(in.substr(i + 1, 2), nullptr, 16)));
+      i += 2;
+    }
+    // what the router would not match as one segment goes to it to decide
+    return !out->empty() && out->find_first_of("/{}") == std::string::npos;
+  };
+  if (!decode(parts[2], model)) return false;
+  version->clear();
+  return parts.size() == 4 || decode(parts[4], version);
+}
+
+using Json = rapidjson::Value;
+
+// the last member called `name`: Python's json keeps the last of repeated keys
+const Json* Member(const Json& object, const char* name) {
+  const Json* found = nullptr;
+  for (auto it = object.MemberBegin(); it != object.MemberEnd(); ++it)
+    if (it->name == name) found = &it->value;
+  return found;
+}
+
+std::string Str(const Json& v) { return std::string(v.GetString(), v.GetStringLength()); }
+
+// The fast path: true when every part of the header is of the plain shape tritonclient's binary mode sends, and
+// every input's bytes are in the tail. Checking a value against the model stays Python's (parse_request); this
+// only takes the wire format apart, and declines (false) wherever Python's reading could differ from it.
+bool ReadBinary(HttpInfer* r) {
+  size_t header = r->body.size();
+  if (r->header_length) {
+    const std::string& s = *r->header_length;
+    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+    header = std::stoull(s);
+    if (header == 0 || header > r->body.size()) return false;
+  }
+  rapidjson::Document d;
+  // iterative: no nesting depth reaches the stack; encoding checked as Python's decoder would
+  d.Parse<rapidjson::kParseIterativeFlag | rapidjson::kParseValidateEncodingFlag>(r->body.data(), header);
+  if (d.HasParseError() || !d.IsObject()) return false;
+  if (const Json* id = Member(d, "id"); id && !id->IsNull()) {
+    if (!id->IsString()) return false;
+    r->id = Str(*id);
+  }
+  if (const Json* params = Member(d, "parameters")) {
+    if (!params->IsObject()) return false;
+    for (auto it = params->MemberBegin(); it != params->MemberEnd(); ++it) {
+      const Json& v = it->value;
+      Param p;
+      if (v.IsBool()) p = v.GetBool();
+      else if (v.IsInt64()) p = v.GetInt64();
+      else if (v.IsUint64()) p = v.GetUint64();
+      // an integer past 64 bits, which this parser holds as a double and Python as an int: Python reads it
+      else if (v.IsDouble() && std::isfinite(v.GetDouble()) && std::fabs(v.GetDouble()) < 9.2e18) p = v.GetDouble();
+      else if (v.IsString()) p = Str(v);
+      else return false;
+      r->parameters.emplace_back(Str(it->name), std::move(p));
+    }
+  }
+  const Json* inputs = Member(d, "inputs");
+  if (!inputs || !inputs->IsArray()) return false;
+  size_t tail = r->body.size() - header, offset = 0;
+  for (const Json& t : inputs->GetArray()) {
+    if (!t.IsObject()) return false;
+    const Json *name = Member(t, "name"), *datatype = Member(t, "datatype"), *shape = Member(t, "shape"),
+               *params = Member(t, "parameters");
+    if (!name || !name->IsString() || !datatype || !datatype->IsString() || !shape || !shape->IsArray()) return false;
+    if (!params || !params->IsObject()) return false;
+    const Json* size = Member(*params, "binary_data_size");
+    if (!size || !size->IsUint64() || size->GetUint64() > tail - offset) return false;
+    HttpInput in{Str(*name), Str(*datatype), {}, header + offset, static_cast<size_t>(size->GetUint64())};
+    for (const Json& dim : shape->GetArray()) {
+      if (!dim.IsInt64()) return false;
+      in.shape.push_back(dim.GetInt64());
+    }
+    offset += in.size;
+    r->inputs.push_back(std::move(in));
+  }
+  if (offset != tail) return false;
+  if (const Json* outputs = Member(d, "outputs"); outputs && !outputs->IsNull()) {
+    if (!outputs->IsArray()) return false;
+    r->outputs.emplace();
+    for (const Json& o : outputs->GetArray()) {
+      if (!o.IsObject()) return false;
+      const Json* name = Member(o, "name");
+      if (!name || !name->IsString()) return false;
+      int binary = -1;
+      if (const Json* params = Member(o, "parameters")) {
+        if (!params->IsObject()) return false;
+        if (const Json* b = Member(*params, "binary_data"); b && !b->IsNull()) {
+          if (!b->IsBool()) return false;
+          binary = b->GetBool();
+        }
+      }
+      r->outputs->emplace_back(Str(*name), binary);
+    }
+  }
+  return true;
+}
+
+// Python's parameter values in JSON, as json.dumps writes them
+void WriteValue(rapidjson::Writer<rapidjson::StringBuffer>* w, py::handle v) {
+  if (py::isinstance<py::bool_>(v)) {
+    w->Bool(v.cast<bool>());
+  } else if (py::isinstance<py::int_>(v)) {
+    std::string digits = py::str(v).cast<std::string>();
+    w->RawValue(digits.data(), digits.size(), rapidjson::kNumberType);
+  } else if (py::isinstance<py::float_>(v)) {
+    double x = v.cast<double>();
+    if (std::isfinite(x)) w->Double(x);
+    else w->RawValue(std::isnan(x) ? "NaN" : x > 0 ? "Infinity" : "-Infinity", std::isnan(x) ? 3 : x > 0 ? 8 : 9,
+                     rapidjson::kNumberType);
+  } else {
+    std::string text = py::str(v).cast<std::string>();
+    w->String(text.data(), static_cast<rapidjson::SizeType>(text.size()));
+  }
+}
 
 class Edge;
 class Call;
@@ -192,9 +370,18 @@ class Call final : public grpc::ServerGenericBidiReactor {
 };
 
 class Edge {
+  // where a request handed to Python is answered
+  struct Pending {
+    std::shared_ptr<CallRef> call;  // gRPC
+    bool http = false;
+    uint64_t connection = 0;        // HTTP
+    std::string model, version, request_id;
+  };
+
  public:
   Edge(const std::string& address, const std::string& forward_to, int max_request_bytes,
-       const std::string& model_version)
+       const std::string& model_version, const std::string& http_host, int http_port,
+       const std::string& http_forward_to, int read_timeout_ms, int idle_timeout_ms)
       : model_version_(model_version) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
@@ -211,6 +398,18 @@ class Edge {
     if (!server_ || port_ == 0) throw std::runtime_error("the native edge cannot bind " + address);
     ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ready_fd_ < 0) throw std::runtime_error("eventfd failed");
+    if (http_port >= 0) {
+      accscale::HttpOptions options;
+      options.host = http_host;
+      options.port = http_port;
+      options.max_body = static_cast<size_t>(max_request_bytes);
+      options.read_timeout_ms = read_timeout_ms;
+      options.idle_timeout_ms = idle_timeout_ms;
+      options.forward_to = http_forward_to;
+      http_ = std::make_unique<HttpServer>(
+          options, [this](uint64_t connection, HttpRequest& r) { return TakeHttp(connection, r); },
+          [this](uint64_t connection) { HttpGone(connection); });
+    }
   }
 
   ~Edge() {
@@ -223,6 +422,7 @@ class Edge {
   int fd() const { return ready_fd_; }
 
   int port() const { return port_; }
+  int http_port() const { return http_ ? http_->port() : -1; }
 
   void Stop() {
     {
@@ -231,6 +431,7 @@ class Edge {
       stopped_ = true;
     }
     ready_.notify_all();
+    if (http_) http_->Stop();
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
 
@@ -287,9 +488,18 @@ class Edge {
     });
   }
 
-  void Fail(uint64_t id, int code, const std::string& message, const std::string& error_class) {
+  void Fail(uint64_t id, int code, int http_status, const std::string& message, const std::string& error_class) {
     std::shared_ptr<Pending> pending = Claim(id);
     if (!pending) return;
+    if (pending->http) {
+      HttpResponse r;
+      r.status = http_status;
+      r.headers.emplace_back("Content-Type", "application/json");
+      r.body = accscale::JsonError(message);
+      py::gil_scoped_release unlocked;
+      http_->Respond(pending->connection, std::move(r));
+      return;
+    }
     inference::ModelInferResponse response;  // a stream's error names its request
     response.set_model_name(pending->model);
     response.set_model_version(pending->version);
@@ -301,6 +511,82 @@ class Edge {
       std::lock_guard<std::recursive_mutex> lock(pending->call->mu);
       if (pending->call->call) pending->call->call->Respond(id, answer.get(), &status, error_class);
     });
+  }
+
+  // An HTTP request's answer: outputs are (name, datatype, shape, raw bytes or None, JSON text of its data or None);
+  // an output with bytes travels in the binary tail, one with JSON text as "data".
+  void AnswerHttp(uint64_t id, const py::list& outputs, const py::dict& parameters, const py::object& request_id) {
+    std::shared_ptr<Pending> pending = Find(id);
+    if (!pending) return;
+    rapidjson::StringBuffer text;
+    rapidjson::Writer<rapidjson::StringBuffer> w(text);
+    std::string tail;
+    w.StartObject();
+    w.Key("model_name");
+    w.String(pending->model.data(), static_cast<rapidjson::SizeType>(pending->model.size()));
+    w.Key("model_version");
+    w.String(pending->version.data(), static_cast<rapidjson::SizeType>(pending->version.size()));
+    if (!request_id.is_none()) {
+      std::string rid = request_id.cast<std::string>();
+      w.Key("id");
+      w.String(rid.data(), static_cast<rapidjson::SizeType>(rid.size()));
+    }
+    w.Key("parameters");
+    w.StartObject();
+    for (auto item : parameters) {
+      std::string key = py::str(item.first).cast<std::string>();
+      w.Key(key.data(), static_cast<rapidjson::SizeType>(key.size()));
+      WriteValue(&w, item.second);
+    }
+    w.EndObject();
+    w.Key("outputs");
+    w.StartArray();
+    for (auto item : outputs) {
+      auto t = item.cast<py::tuple>();
+      std::string name = t[0].cast<std::string>(), datatype = t[1].cast<std::string>();
+      w.StartObject();
+      w.Key("name");
+      w.String(name.data(), static_cast<rapidjson::SizeType>(name.size()));
+      w.Key("datatype");
+      w.String(datatype.data(), static_cast<rapidjson::SizeType>(datatype.size()));
+      w.Key("shape");
+      w.StartArray();
+      for (auto dim : t[2].cast<py::list>()) w.Int64(dim.cast<int64_t>());
+      w.EndArray();
+      if (!t[3].is_none()) {
+        char* data;
+        Py_ssize_t size;
+        if (PyBytes_AsStringAndSize(t[3].ptr(), &data, &size) != 0) throw py::error_already_set();
+        w.Key("parameters");
+        w.StartObject();
+        w.Key("binary_data_size");
+        w.Uint64(static_cast<uint64_t>(size));
+        w.EndObject();
+        tail.append(data, static_cast<size_t>(size));
+      } else {
+        std::string data = t[4].cast<std::string>();
+        w.Key("data");
+        w.RawValue(data.data(), data.size(), rapidjson::kArrayType);
+      }
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+    pending = Claim(id);
+    if (!pending) return;  // the client left meanwhile
+    HttpResponse r;
+    if (tail.empty()) {
+      r.headers.emplace_back("Content-Type", "application/json");
+      r.body.assign(text.GetString(), text.GetSize());
+    } else {
+      r.headers.emplace_back("Content-Type", "application/octet-stream");
+      r.headers.emplace_back("Inference-Header-Content-Length", std::to_string(text.GetSize()));
+      r.body.reserve(text.GetSize() + tail.size());
+      r.body.assign(text.GetString(), text.GetSize());
+      r.body += tail;
+    }
+    py::gil_scoped_release unlocked;
+    http_->Respond(pending->connection, std::move(r));
   }
 
   py::dict Stats() {
@@ -319,6 +605,47 @@ class Edge {
     pending->model = a->request.model_name();
     pending->version = model_version_;
     pending->request_id = a->request.id();
+    Queue(std::move(pending), std::move(a));
+  }
+
+  // ---- for the HTTP server (on its I/O thread)
+  bool TakeHttp(uint64_t connection, HttpRequest& request) {
+    auto r = std::make_unique<HttpInfer>();
+    if (request.method != "POST" || !InferPath(request.path, &r->model, &r->version)) return false;
+    auto a = std::make_unique<Arrival>();
+    a->arrival_us = MonotonicUs();
+    a->kind = kHttp;
+    a->id = NextId();
+    r->body = std::move(request.body);
+    if (const std::string* length = request.Header("inference-header-content-length")) r->header_length = *length;
+    r->whole = !ReadBinary(r.get());
+    auto pending = std::make_shared<Pending>();
+    pending->http = true;
+    pending->connection = connection;
+    pending->model = r->model;
+    pending->version = model_version_;
+    a->http = std::move(r);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      http_waiting_[connection] = a->id;
+    }
+    Queue(std::move(pending), std::move(a));
+    return true;
+  }
+
+  void HttpGone(uint64_t connection) {
+    uint64_t id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = http_waiting_.find(connection);
+      if (it == http_waiting_.end()) return;
+      id = it->second;
+      http_waiting_.erase(it);
+    }
+    Withdraw({id});
+  }
+
+  void Queue(std::shared_ptr<Pending> pending, std::unique_ptr<Arrival> a) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       pending_.emplace(a->id, std::move(pending));
@@ -350,10 +677,6 @@ class Edge {
   void Forwarded() { forwarded_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
-  struct Pending {
-    std::shared_ptr<CallRef> call;
-    std::string model, version, request_id;
-  };
 
   class Service final : public grpc::CallbackGenericService {
    public:
@@ -383,11 +706,45 @@ class Edge {
     if (it == pending_.end()) return nullptr;
     auto pending = std::move(it->second);
     pending_.erase(it);
+    if (pending->http) http_waiting_.erase(pending->connection);
     return pending;
   }
 
+  std::shared_ptr<Pending> Find(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(id);
+    return it == pending_.end() ? nullptr : it->second;
+  }
+
+  // (id, 2, model, version, request id, parameters, inputs, outputs, arrival, body, header length): inputs and
+  // the rest as the fast path read them and body None, or body the whole body and what it read None
+  static py::tuple HttpToPython(const Arrival& a) {
+    const HttpInfer& r = *a.http;
+    auto length = r.header_length ? py::object(py::str(*r.header_length)) : py::object(py::none());
+    if (r.whole)
+      return py::make_tuple(a.id, kHttp, r.model, r.version, py::none(), py::none(), py::none(), py::none(),
+                            a.arrival_us, py::bytes(r.body), length);
+    py::dict params;
+    for (const auto& [key, value] : r.parameters)
+      std::visit([&](const auto& v) { params[py::str(key)] = v; }, value);
+    py::list inputs;
+    for (const auto& t : r.inputs)
+      inputs.append(py::make_tuple(t.name, t.datatype, py::cast(t.shape), py::bytes(r.body.data() + t.offset, t.size)));
+    py::object outputs = py::none();
+    if (r.outputs) {
+      py::list named;
+      for (const auto& [name, binary] : *r.outputs)
+        named.append(py::make_tuple(name, binary < 0 ? py::object(py::none()) : py::object(py::bool_(binary == 1))));
+      outputs = named;
+    }
+    auto id = r.id ? py::object(py::str(*r.id)) : py::object(py::none());
+    return py::make_tuple(a.id, kHttp, r.model, r.version, id, params, inputs, outputs, a.arrival_us, py::none(),
+                          length);
+  }
+
   static py::tuple ToPython(const Arrival& a) {
-    if (a.kind == 1) return py::make_tuple(a.id, 1);
+    if (a.kind == kCancelled) return py::make_tuple(a.id, kCancelled);
+    if (a.kind == kHttp) return HttpToPython(a);
     const auto& r = a.request;
     py::dict params;
     for (const auto& [key, p] : r.parameters()) {
@@ -437,11 +794,13 @@ class Edge {
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;
   uint64_t arrivals_ = 0;
   std::atomic<uint64_t> forwarded_{0};
+  std::unordered_map<uint64_t, uint64_t> http_waiting_;  // an HTTP connection -> the request it waits on
   std::atomic<uint64_t> next_id_{0};
   bool stopped_ = false;
   int ready_fd_ = -1;
   bool signalled_ = false;  // ready_fd_ holds a count: a burst of arrivals costs one wake-up
-  Outbox outbox_;  // last: destroyed first, once the server has stopped
+  Outbox outbox_;  // destroyed before the servers, once they have stopped
+  std::unique_ptr<HttpServer> http_;  // last: destroyed first (its threads call into this Edge)
 };
 
 void Call::OnReadDone(bool ok) {
@@ -731,15 +1090,22 @@ class Client {
 }  // namespace
 
 PYBIND11_MODULE(_edge, m) {
-  m.doc() = "The sidecar's native gRPC edge (native/edge.cc)";
+  m.doc() = "The sidecar's native edge: gRPC and HTTP (native/edge.cc, native/http_server.cc)";
   py::class_<Edge>(m, "Edge")
-      .def(py::init<const std::string&, const std::string&, int, const std::string&>(), py::arg("address"),
-           py::arg("forward_to"), py::arg("max_request_bytes"), py::arg("model_version"))
+      .def(py::init<const std::string&, const std::string&, int, const std::string&, const std::string&, int,
+                    const std::string&, int, int>(),
+           py::arg("address"), py::arg("forward_to"), py::arg("max_request_bytes"), py::arg("model_version"),
+           py::arg("http_host") = "", py::arg("http_port") = -1, py::arg("http_forward_to") = "",
+           py::arg("read_timeout_ms") = 10000, py::arg("idle_timeout_ms") = 60000)
       .def_property_readonly("port", &Edge::port)
+      .def_property_readonly("http_port", &Edge::http_port)
       .def_property_readonly("fd", &Edge::fd)
       .def("take", &Edge::Take, py::arg("limit"), py::arg("timeout_ms"))
       .def("answer", &Edge::Answer, py::arg("id"), py::arg("outputs"), py::arg("parameters"))
-      .def("fail", &Edge::Fail, py::arg("id"), py::arg("code"), py::arg("message"), py::arg("error_class"))
+      .def("answer_http", &Edge::AnswerHttp, py::arg("id"), py::arg("outputs"), py::arg("parameters"),
+           py::arg("request_id"))
+      .def("fail", &Edge::Fail, py::arg("id"), py::arg("code"), py::arg("http_status"), py::arg("message"),
+           py::arg("error_class"))
       .def("stats", &Edge::Stats)
       .def("stop", &Edge::Stop, py::call_guard<py::gil_scoped_release>());
   py::class_<Client>(m, "Client")

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# What the native programs (native/) build with: CMake, a C++17 compiler, pkg-config and Debian's gRPC and protobuf.
+# What the native programs (native/) build with: CMake, a C++17 compiler, pkg-config, Debian's gRPC and protobuf, and
+# RapidJSON (header-only; the HTTP edge's JSON, as Triton's own HTTP server reads it).
 # Installed with apt where it is present and this runs as root; otherwise a message says what to install, and the
 # sidecar keeps its Python paths (nothing fails here: the native build is optional until it is asked for).
 set -euo pipefail
-packages="cmake g++ pkg-config libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc"
-if pkg-config --exists grpc++ protobuf 2>/dev/null && command -v grpc_cpp_plugin cmake g++ >/dev/null 2>&1; then
+packages="cmake g++ pkg-config libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc rapidjson-dev"
+if pkg-config --exists grpc++ protobuf RapidJSON 2>/dev/null && command -v grpc_cpp_plugin cmake g++ >/dev/null 2>&1; then
     exit 0
 fi
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

@@ -47,8 +47,7 @@ CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, gr
 
 @pytest.fixture(scope="module")
 def sidecar(fast_build, triton, tmp_path_factory, request):
-    """The fuzzed sidecar, on the gRPC edge a test names (``indirect`` parametrization), else Python's: HTTP is
-    Python's on both edges, so its tests run once."""
+    """The fuzzed sidecar, on the edge a test names (``indirect`` parametrization), else Python's."""
     edge = getattr(request, "param", "python")
     if edge == "native":
         request.getfixturevalue("native_edge")
@@ -115,10 +114,47 @@ PATHS = {("parameters",): False, ("parameters", "slo_us"): False, ("parameters",
          ("outputs", 0, "name"): True, ("outputs", 0, "parameters"): False}
 
 
+# paths into binary_body()'s header, as PATHS: the native edge reads this shape itself, and passes any other whole
+BINARY_PATHS = {("parameters",): False, ("parameters", "slo_us"): False, ("id",): False, ("inputs",): True,
+                ("inputs", 0): True, ("inputs", 0, "name"): True, ("inputs", 0, "datatype"): True,
+                ("inputs", 0, "shape"): True, ("inputs", 0, "shape", 0): True, ("inputs", 0, "parameters"): True,
+                ("inputs", 0, "parameters", "binary_data_size"): True, ("outputs",): False, ("outputs", 0): False,
+                ("outputs", 0, "name"): True, ("outputs", 0, "parameters"): False,
+                ("outputs", 0, "parameters", "binary_data"): False}
+
+
+def binary_body() -> dict:
+    body = good_body()
+    del body["inputs"][0]["data"]
+    body["inputs"][0]["parameters"] = {"binary_data_size": PIXELS * 4}
+    return body
+
+
+def _replace(draw, body: dict, paths: dict) -> bool:
+    """Replaces the value at one of ``paths`` in ``body`` with a drawn JSON value; whether that is certainly
+    malformed."""
+    path, certain = draw(st.sampled_from(sorted(paths.items(), key=str)))
+    parent = body
+    for key in path[:-1]:
+        parent = parent[key]
+    value = draw(json_values)
+    old = parent[path[-1]] if isinstance(parent, list) else parent.get(path[-1])
+    changed = json.dumps(value) != json.dumps(old)
+    parent[path[-1]] = value
+    return certain and changed
+
+
 @st.composite
 def http_requests(draw) -> tuple[bytes, dict[str, str], bool]:
     """(body, headers, certainly malformed)."""
-    kind = draw(st.sampled_from(["replace", "replace", "replace", "legal", "bytes", "cut", "binary"]))
+    kind = draw(st.sampled_from(["replace", "replace", "replace", "legal", "bytes", "cut", "binary", "binary_replace",
+                                 "binary_replace"]))
+    if kind == "binary_replace":  # the binary-tensor extension, one value of its header changed
+        body = binary_body()
+        malformed = _replace(draw, body, BINARY_PATHS)
+        header = json.dumps(body).encode()
+        return header + np.zeros(PIXELS, np.float32).tobytes(), {"Inference-Header-Content-Length": str(len(header))}, \
+            malformed
     if kind == "legal":  # hostile values a well-formed request may carry: they reach Triton and its batch-mates
         slo = draw(st.sampled_from([GOOD_SLO_US, 60_000_000, 60_000_000.0]))
         return json.dumps(good_body(draw(pixels), slo)).encode(), {}, False
@@ -128,25 +164,17 @@ def http_requests(draw) -> tuple[bytes, dict[str, str], bool]:
         text = json.dumps(good_body()).encode()
         return text[:draw(st.integers(0, len(text) - 1))], {}, True
     if kind == "binary":  # the binary-tensor extension with lying sizes
-        body = good_body()
+        body = binary_body()
         size = draw(st.integers(-5, 2 * PIXELS * 4))
-        del body["inputs"][0]["data"]
         body["inputs"][0]["parameters"] = {"binary_data_size": size}
         header = json.dumps(body).encode()
         tail = draw(st.binary(min_size=0, max_size=2 * PIXELS * 4))
         length = draw(st.sampled_from([str(len(header)), str(len(header) + draw(st.integers(-20, 20))), "x", "-1"]))
         malformed = not (size == len(tail) == PIXELS * 4 and length == str(len(header)))
         return header + tail, {"Inference-Header-Content-Length": length}, malformed
-    path, certain = draw(st.sampled_from(sorted(PATHS.items(), key=str)))
     body = good_body()
-    parent = body
-    for key in path[:-1]:
-        parent = parent[key]
-    value = draw(json_values)
-    old = parent[path[-1]] if isinstance(parent, list) else parent.get(path[-1])
-    changed = json.dumps(value) != json.dumps(old)
-    parent[path[-1]] = value
-    return json.dumps(body).encode(), {}, certain and changed
+    malformed = _replace(draw, body, PATHS)
+    return json.dumps(body).encode(), {}, malformed
 
 
 @st.composite
@@ -202,11 +230,16 @@ def grpc_requests(draw) -> tuple[pb.ModelInferRequest, bool, int]:
 
 
 def _http(sidecar, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    """The status and the JSON header of the answer (a binary tail is checked and cut off)."""
     connection = http.client.HTTPConnection(sidecar.host, sidecar.http_port, timeout=30)
     try:
         connection.request("POST", "/v2/models/digits/infer", body=body, headers=headers)
         response = connection.getresponse()
-        return response.status, response.read()
+        reply, length = response.read(), response.getheader("Inference-Header-Content-Length")
+        if length is not None:  # an answer whose output was asked for as binary: its one output's bytes follow
+            assert response.status == 200 and len(reply) - int(length) == 40, (length, len(reply))
+            reply = reply[:int(length)]
+        return response.status, reply
     finally:
         connection.close()
 
@@ -227,6 +260,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
                 suppress_health_check=list(HealthCheck))
 
 
+@pytest.mark.parametrize("sidecar", EDGES, indirect=True)
 def test_http_fuzz(sidecar):
     seen = {"answered": 0, "refused": 0}
 
@@ -239,7 +273,8 @@ def test_http_fuzz(sidecar):
         if status == 200:
             assert not malformed, body[:300]
             (output,) = json.loads(reply)["outputs"]
-            assert output["name"] == "LOGITS" and len(output["data"]) == 10
+            assert output["name"] == "LOGITS" and output["shape"] == [1, 10]
+            assert len(output["data"]) == 10 if "data" in output else output["parameters"]["binary_data_size"] == 40
             seen["answered"] += 1
         else:
             assert isinstance(json.loads(reply)["error"], str)
@@ -301,6 +336,7 @@ def _read_all(sock: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+@pytest.mark.parametrize("sidecar", EDGES, indirect=True)
 def test_a_stalled_body_gets_408_and_unfinished_headers_are_cut_off(sidecar):
     with socket.create_connection((sidecar.host, sidecar.http_port), timeout=30) as sock:
         sock.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")

@@ -244,7 +244,7 @@ def test_the_chosen_edge_serves_grpc_and_bytes_that_are_no_request_get_a_clear_e
     import grpc
 
     edge = request.node.callspec.params["sidecar"]
-    assert f"gRPC served by the {edge} edge" in sidecar.log_tail(400)
+    assert f"gRPC and HTTP served by the {edge} edge" in sidecar.log_tail(400)
     good = pb_request(images[:1])
     with grpc.insecure_channel(sidecar.grpc_url) as channel:
         infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")  # bytes in, bytes out
@@ -456,8 +456,8 @@ def test_sigterm_stops_the_sidecar_cleanly(fast_build, triton, images, edge, req
     assert "warmed up ['digits'] with 1 request(s) each" in log  # before it said it was ready
     assert "stopping" in log and "Error in sys.excepthook" not in log and "Traceback" not in log, log
     if edge == "auto":
-        assert "the native edge serves gRPC by default: the native edge is built" in log, log
-    assert f"gRPC served by the {'native' if edge == 'auto' else edge} edge" in log
+        assert "the native edge serves gRPC and HTTP by default: the native edge is built" in log, log
+    assert f"gRPC and HTTP served by the {'native' if edge == 'auto' else edge} edge" in log
 
 
 def test_the_default_edge_is_python_where_the_native_one_is_not_built(tmp_path):

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).resolve().parents[2] / "native"
 # another build of the same sources (make fuzz-native's sanitized one) where ACCSCALE_NATIVE_BUILD names it
 BUILD = Path(os.environ.get("ACCSCALE_NATIVE_BUILD", SOURCE.parent / "build" / "native")).resolve()
-NEEDS = "cmake, g++, pkg-config and Debian's libgrpc++-dev, libprotobuf-dev and protobuf-compiler-grpc"
+NEEDS = "cmake, g++, pkg-config and Debian's libgrpc++-dev, libprotobuf-dev, protobuf-compiler-grpc and rapidjson-dev"
 
 
 class NativeUnavailable(RuntimeError):

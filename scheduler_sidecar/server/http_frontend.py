@@ -19,13 +19,23 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from google.protobuf import json_format
 
 from scheduler_sidecar.errors import InvalidRequest, RequestError
-from scheduler_sidecar.server.protocol import OutputIn, TensorIn, from_row_bytes, parse_request, quote
+from scheduler_sidecar.live.driver import Answer
+from scheduler_sidecar.server.protocol import (
+    InferRequest,
+    Limits,
+    ModelInfo,
+    OutputIn,
+    TensorIn,
+    from_row_bytes,
+    parse_request,
+    quote,
+)
 from scheduler_sidecar.server.service import MODEL_VERSION, Sidecar
 
 log = logging.getLogger(__name__)
@@ -113,30 +123,21 @@ class Routes:
     async def infer(self, request: web.Request) -> web.Response:
         model = self.sidecar.model(request.match_info["model"], request.match_info.get("version", ""))
         body = await self._read(request)
-        header, tail = _split_body(body, request.headers.get(HEADER_LENGTH))
-        params = header.get("parameters", {})
-        if not isinstance(params, dict):
-            raise InvalidRequest("'parameters' must be an object")
-        checked = parse_request(model, params, _inputs(header.get("inputs"), tail), _outputs(header.get("outputs")),
-                                self.sidecar.limits)
-        request_id = header.get("id")
-        if request_id is not None and not isinstance(request_id, str):
-            raise InvalidRequest(f"'id' must be a string, got {quote(request_id)}")
+        checked, request_id = read_body(model, body, request.headers.get(HEADER_LENGTH), self.sidecar.limits)
         answer = await self.sidecar.infer(checked, model)
         reply: dict[str, Any] = {"model_name": model.name, "model_version": MODEL_VERSION,
                                  "parameters": answer.parameters(), "outputs": []}
         if request_id is not None:
             reply["id"] = request_id
         binary = []
-        for name, as_binary in checked.outputs:
-            spec = model.outputs[name]
-            out: dict[str, Any] = {"name": name, "datatype": spec.datatype, "shape": [checked.count, *spec.dims]}
-            if as_binary:
-                out["parameters"] = {"binary_data_size": len(answer.outputs[name])}
-                binary.append(answer.outputs[name])
+        for out in reply_outputs(model, checked, answer):
+            entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.shape}
+            if out.raw is not None:
+                entry["parameters"] = {"binary_data_size": len(out.raw)}
+                binary.append(out.raw)
             else:
-                out["data"] = from_row_bytes(spec, answer.outputs[name])
-            reply["outputs"].append(out)
+                entry["data"] = out.data
+            reply["outputs"].append(entry)
         text = json.dumps(reply).encode()
         if not binary:
             return web.Response(body=text, content_type="application/json")
@@ -186,6 +187,41 @@ class Routes:
         if not isinstance(body.get("url"), str):
             raise InvalidRequest('body must be {"url": "host:grpc_port"}')
         return web.json_response(await self.sidecar.remove_worker(body["url"]))
+
+
+class OutputOut(NamedTuple):
+    """One output of an answer as HTTP returns it: its bytes for the binary tail, or its values for JSON."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    raw: bytes | None
+    data: list | None
+
+
+def reply_outputs(model: ModelInfo, checked: InferRequest, answer: Answer) -> list[OutputOut]:
+    """The outputs a request asked for, each binary or JSON as it asked (both edges answer with this)."""
+    outputs = []
+    for name, as_binary in checked.outputs:
+        spec = model.outputs[name]
+        raw = answer.outputs[name]
+        outputs.append(OutputOut(name, spec.datatype, [checked.count, *spec.dims], raw if as_binary else None,
+                                 None if as_binary else from_row_bytes(spec, raw)))
+    return outputs
+
+
+def read_body(model: ModelInfo, body: bytes, header_length: str | None, limits: Limits,
+              ) -> tuple[InferRequest, str | None]:
+    """An inference request's body (its JSON header and binary tail), checked: the request and its id."""
+    header, tail = _split_body(body, header_length)
+    params = header.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidRequest("'parameters' must be an object")
+    checked = parse_request(model, params, _inputs(header.get("inputs"), tail), _outputs(header.get("outputs")), limits)
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest(f"'id' must be a string, got {quote(request_id)}")
+    return checked, request_id
 
 
 def _json(text: bytes, what: str) -> object:
@@ -256,8 +292,9 @@ def _parameters(tensor: dict, what: str) -> dict:
     return params
 
 
-async def start(sidecar: Sidecar, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start the HTTP server; returns its runner and the port it bound (``port`` 0 picks a free one)."""
+async def start(sidecar: Sidecar, host: str, port: int, path: str | None = None) -> tuple[web.AppRunner, int]:
+    """Start the HTTP server; returns its runner and the port it bound (``port`` 0 picks a free one). With ``path``
+    it listens on that Unix socket instead (behind the native edge), and the port returned is 0."""
     # handler_cancellation: a client that disconnects cancels its handler, which frees its queue entry
     # keepalive_timeout also closes a connection whose request headers never finish (aiohttp arms it on
     # connect); lingering_time bounds how long the rest of a refused or stalled body is drained
@@ -265,6 +302,9 @@ async def start(sidecar: Sidecar, host: str, port: int) -> tuple[web.AppRunner, 
                            keepalive_timeout=sidecar.config.idle_timeout_s,
                            lingering_time=sidecar.config.read_timeout_s)
     await runner.setup()
+    if path is not None:
+        await web.UnixSite(runner, path).start()
+        return runner, 0
     site = web.TCPSite(runner, host, port)
     await site.start()
     return runner, site._server.sockets[0].getsockname()[1]

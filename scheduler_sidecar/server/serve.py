@@ -43,10 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, help="HTTP port (default 8100; 0 picks a free one)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default 8101; 0 picks a free one)")
     p.add_argument("--edge", choices=EDGES, default="auto",
-                   help="what serves the gRPC port: native (native/edge.cc, built on first use: the protocol and the "
-                        "calls to Triton in C++, requests handed to Python in bursts), python (grpc.aio), or auto "
-                        "(the default: native where it is built, else python; the log says which and why); HTTP is "
-                        "Python's on both")
+                   help="what serves the gRPC and HTTP ports: native (native/edge.cc, built on first use: the "
+                        "protocols and the calls to Triton in C++, requests handed to Python in bursts), python "
+                        "(grpc.aio and aiohttp), or auto (the default: native where it is built, else python; the log "
+                        "says which and why)")
     p.add_argument("--admin-token", help="enable the admin endpoints with this bearer token "
                    "(or set ACCSCALE_ADMIN_TOKEN)")
     limits = p.add_argument_group("limits on what one client may send (the config keys of the same names)")
@@ -106,19 +106,21 @@ async def serve(config: sidecar_config.SidecarConfig, edge: str = "auto") -> Non
 
         module, why = built_edge()
         edge = "python" if module is None else "native"
-        log.info("the %s edge serves gRPC by default: %s", edge, why)
+        log.info("the %s edge serves gRPC and HTTP by default: %s", edge, why)
     if edge == "native":
         from scheduler_sidecar.server import native_frontend  # lazy: builds or loads the native edge
 
         sidecar = Sidecar(config, connect=native_frontend.connect())
         await sidecar.start()
-        grpc_server, grpc_port = await native_frontend.start(sidecar, config.host, config.grpc_port)
+        grpc_server, grpc_port, http_port = await native_frontend.start(sidecar, config.host, config.grpc_port,
+                                                                        config.http_port)
+        http_runner = None  # the native edge serves HTTP too
     else:
         sidecar = Sidecar(config)
         await sidecar.start()
         grpc_server, grpc_port = await grpc_frontend.start(sidecar, config.host, config.grpc_port)
-    log.info("gRPC served by the %s edge", edge)
-    http_runner, http_port = await http_frontend.start(sidecar, config.host, config.http_port)
+        http_runner, http_port = await http_frontend.start(sidecar, config.host, config.http_port)
+    log.info("gRPC and HTTP served by the %s edge", edge)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -130,5 +132,6 @@ async def serve(config: sidecar_config.SidecarConfig, edge: str = "auto") -> Non
     finally:
         log.info("stopping")
         await grpc_server.stop(grace=1.0)
-        await http_runner.cleanup()
+        if http_runner is not None:
+            await http_runner.cleanup()
         await sidecar.close()
