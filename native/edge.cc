@@ -406,9 +406,15 @@ class Edge {
       options.read_timeout_ms = read_timeout_ms;
       options.idle_timeout_ms = idle_timeout_ms;
       options.forward_to = http_forward_to;
-      http_ = std::make_unique<HttpServer>(
-          options, [this](uint64_t connection, HttpRequest& r) { return TakeHttp(connection, r); },
-          [this](uint64_t connection) { HttpGone(connection); });
+      try {
+        http_ = std::make_unique<HttpServer>(
+            options, [this](uint64_t connection, HttpRequest& r) { return TakeHttp(connection, r); },
+            [this](uint64_t connection) { HttpGone(connection); });
+      } catch (...) {  // no destructor runs for an object whose constructor throws: what it started stops here
+        server_->Shutdown(std::chrono::system_clock::now());
+        close(ready_fd_);
+        throw;
+      }
     }
   }
 

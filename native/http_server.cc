@@ -218,6 +218,7 @@ struct HttpServer::Impl {
   std::mutex forward_mu;
   std::condition_variable forward_ready;
   std::deque<std::pair<uint64_t, HttpRequest>> forwards;
+  std::vector<int> forwarding;  // the sockets of round trips in flight
   bool forward_stop = false;
   std::vector<std::thread> forwarders;
 
@@ -266,6 +267,7 @@ struct HttpServer::Impl {
     {
       std::lock_guard<std::mutex> lock(forward_mu);
       forward_stop = true;
+      for (int fd : forwarding) shutdown(fd, SHUT_RDWR);  // a round trip in flight ends now, not at its timeout
     }
     forward_ready.notify_all();
     for (auto& t : forwarders) t.join();
@@ -341,10 +343,11 @@ struct HttpServer::Impl {
   void Close(Conn* c) {
     bool was_waiting = c->state == State::kWaiting;
     uint64_t id = c->id;
-    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
-    close(c->fd);
+    int fd = c->fd;
+    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+    close(fd);
     by_id.erase(id);
-    by_fd.erase(c->fd);  // c is gone
+    by_fd.erase(fd);  // c is gone
     if (was_waiting) gone(id);
   }
 
@@ -357,6 +360,7 @@ struct HttpServer::Impl {
     }
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
       char buffer[65536];
+      bool ended = false;
       for (;;) {
         ssize_t got = read(fd, buffer, sizeof buffer);
         if (got > 0) {
@@ -370,10 +374,13 @@ struct HttpServer::Impl {
         }
         if (got < 0 && errno == EINTR) continue;
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        Close(c);  // the client has gone (EOF or an error): a request it waits on is withdrawn
-        return;
+        ended = true;  // EOF or an error: the client has gone
+        break;
       }
-      Parse(c);
+      uint64_t id = c->id;
+      Parse(c);  // what came before the end is read (an error in it is answered, for a client still reading)
+      // a request the client waits on is withdrawn: it has gone
+      if (ended && by_id.count(id)) Close(c);
     }
   }
 
@@ -607,16 +614,32 @@ struct HttpServer::Impl {
   HttpResponse RoundTrip(const HttpRequest& r) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Error(502, "the sidecar's HTTP front end cannot be reached");
+    {
+      std::lock_guard<std::mutex> lock(forward_mu);
+      if (forward_stop) {
+        close(fd);
+        return Error(503, "the sidecar is stopping");
+      }
+      forwarding.push_back(fd);
+    }
+    HttpResponse answer = Exchange(fd, r);
+    {
+      std::lock_guard<std::mutex> lock(forward_mu);
+      forwarding.erase(std::find(forwarding.begin(), forwarding.end(), fd));
+    }
+    close(fd);
+    return answer;
+  }
+
+  HttpResponse Exchange(int fd, const HttpRequest& r) {
     timeval timeout{kForwardTimeoutS, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
     sockaddr_un address{};
     address.sun_family = AF_UNIX;
     std::strncpy(address.sun_path, options.forward_to.c_str(), sizeof address.sun_path - 1);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-      close(fd);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
       return Error(502, "the sidecar's HTTP front end cannot be reached");
-    }
     std::string out = r.method + " " + r.target + " HTTP/1.1\r\n";
     for (const auto& [name, value] : r.headers)
       if (!HopByHop(name)) out += name + ": " + value + "\r\n";
@@ -637,7 +660,6 @@ struct HttpServer::Impl {
       if (n <= 0) break;
       in.append(buffer, static_cast<size_t>(n));
     }
-    close(fd);
     HttpResponse answer;
     size_t end = in.find("\r\n\r\n");
     int status = 0;

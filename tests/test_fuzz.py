@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import socket
 import threading
 import urllib.request
@@ -283,6 +284,74 @@ def test_http_fuzz(sidecar):
     with Bystander(sidecar.grpc_url):
         one()
     assert seen["answered"] >= 10 and seen["refused"] >= 500  # both kinds were really exercised
+    _healthy_after(sidecar)
+
+
+FRAMING_HEADERS = ["Content-Length: -1", "Content-Length: abc", "Content-Length: 99999999999999999999",
+                   "Content-Length: 0", "Content-Length: 5", "Transfer-Encoding: chunked", "Transfer-Encoding: gzip",
+                   "Expect: 100-continue", "Connection: close", "Inference-Header-Content-Length: 7",
+                   "Inference-Header-Content-Length: -3", ": no name", "no colon", " folded: value", "X: " + "y" * 70_000]
+REQUEST_LINES = ["POST /v2/models/digits/infer HTTP/1.1", "POST /v2/models/digits/versions/1/infer HTTP/1.1",
+                 "POST /v2/models/%zz/infer HTTP/1.1", "POST /v2/models/a%2Fb/infer HTTP/1.1",
+                 "POST /v2/models/digits/infer HTTP/2.0", "POST /v2/models/digits/infer", "GET /v2/health/ready HTTP/1.1",
+                 "GET /v2/models/digits/infer HTTP/1.1", "POST  HTTP/1.1", "\x00\xff junk", "POST * HTTP/1.1",
+                 "GET /metrics?x=%00 HTTP/1.0"]
+
+
+@st.composite
+def http_wire(draw) -> bytes:
+    """Bytes for a connection: a request whose framing is changed (request line, headers, body coding, cut, bytes
+    flipped), perhaps followed by a good one on the same connection."""
+    body = binary_body()
+    header = json.dumps(body).encode()
+    payload = header + np.zeros(PIXELS, np.float32).tobytes()
+    line = draw(st.sampled_from(REQUEST_LINES))
+    fields = ["Host: x", f"Inference-Header-Content-Length: {len(header)}"]
+    chunked = draw(st.booleans())
+    if chunked:
+        sizes = draw(st.lists(st.sampled_from(["10", "zz", "fffffffffffffffff", "-1", "0", "1;ext=1", ""]),
+                              max_size=3))
+        wire_body = b"".join(f"{size}\r\n".encode() + payload[:16] + b"\r\n" for size in sizes) + b"0\r\n\r\n"
+        fields.append("Transfer-Encoding: chunked")
+    else:
+        wire_body = payload
+        fields.append(f"Content-Length: {len(payload)}")
+    fields += draw(st.lists(st.sampled_from(FRAMING_HEADERS), max_size=3))
+    wire = bytearray(line.encode("latin-1") + b"\r\n" + "".join(f + "\r\n" for f in fields).encode("latin-1")
+                     + b"\r\n" + wire_body)
+    for _ in range(draw(st.integers(0, 4))):  # flipped bytes
+        wire[draw(st.integers(0, len(wire) - 1))] = draw(st.integers(0, 255))
+    wire = bytes(wire[:draw(st.integers(0, len(wire)))]) if draw(st.booleans()) else bytes(wire)
+    if draw(st.booleans()):  # a good request after it on the same connection
+        wire += (f"POST /v2/models/digits/infer HTTP/1.1\r\nInference-Header-Content-Length: {len(header)}\r\n"
+                 f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+    return wire
+
+
+@pytest.mark.parametrize("sidecar", EDGES, indirect=True)
+def test_http_framing_fuzz(sidecar):
+    """HTTP's framing, not the request inside it, malformed: whatever arrives, each answer is a well-formed HTTP
+    response of a client error or a success, never a server error, and the server stays up. The client sends its bytes
+    and ends its side; the server answers what it read and closes."""
+    seen = {"answered": 0}
+
+    @settings(max_examples=EXAMPLES // 3, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(http_wire())
+    def one(wire):
+        with socket.create_connection((sidecar.host, sidecar.http_port), timeout=30) as sock:
+            sock.sendall(wire)
+            sock.shutdown(socket.SHUT_WR)
+            reply = _read_all(sock)
+        for status in re.findall(rb"HTTP/1\.[01] (\d{3}) ", reply):
+            assert status == b"100" or 200 <= int(status) < 500, reply[:300]
+            seen["answered"] += 1
+
+    with Bystander(sidecar.grpc_url):
+        one()
+    # aiohttp answers few of them (22 of 400 here: it drops a connection whose client has ended its side), the native
+    # edge most (291)
+    assert seen["answered"] >= 10
     _healthy_after(sidecar)
 
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -169,6 +170,81 @@ def test_streaming_answers_each_request_by_id_and_keeps_the_stream_open_after_an
     assert len(errors) == 1 and "datatype 'FP64', expected FP32" in errors[0]
     for i, x in enumerate(images[:6]):
         assert_served(fast_build, triton, x[None], *answers[f"r{i}"])
+
+
+def _binary_request(x: np.ndarray, request_id: str) -> tuple[bytes, int]:
+    """An inference request in the binary-tensor extension, as tritonclient sends it: (body, its header's length)."""
+    header = json.dumps({"id": request_id, "parameters": SLO,
+                         "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": list(x.shape),
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "outputs": [{"name": "LOGITS", "parameters": {"binary_data": True}}]}).encode()
+    return header + x.astype(np.float32).tobytes(), len(header)
+
+
+def _read_responses(sock: socket.socket, count: int) -> list[tuple[bytes, dict[str, str], bytes]]:
+    """``count`` HTTP responses read off a socket: (status line, headers, body); a 100 Continue counts as one."""
+    data, out = b"", []
+    while len(out) < count:
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {len(out)} responses: {data[:200]!r}"
+            data += chunk
+            continue
+        status, *fields = data[:end].decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (f.split(":", 1) for f in fields)}
+        size = int(headers.get("content-length", 0))
+        while len(data) < end + 4 + size:
+            chunk = sock.recv(65536)
+            assert chunk
+            data += chunk
+        out.append((status.encode(), headers, data[end + 4:end + 4 + size]))
+        data = data[end + 4 + size:]
+    return out
+
+
+def _logits(response: tuple[bytes, dict[str, str], bytes]) -> tuple[str, np.ndarray, dict]:
+    """A binary answer's id, logits and parameters."""
+    status, headers, body = response
+    assert status.split()[1] == b"200", (status, body[:300])
+    n = int(headers["inference-header-content-length"])
+    header = json.loads(body[:n])
+    return header["id"], np.frombuffer(body[n:], np.float32).reshape(1, 10), header["parameters"]
+
+
+def test_http_keeps_connections_and_reads_pipelined_chunked_and_expect_continue_requests(fast_build, triton, sidecar,
+                                                                                        images):
+    """What HTTP/1.1 clients do besides one request per connection: two requests sent back to back on one connection
+    (answered in order), a chunked body, a client that waits for 100 Continue, and HTTP/1.0 (closed after)."""
+    head = "POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: {}\r\n"
+    with socket.create_connection((sidecar.host, sidecar.http_port), timeout=30) as sock:
+        wire = b""
+        for i in range(2):  # pipelined
+            body, n = _binary_request(images[i][None], f"p{i}")
+            wire += (head.format(n) + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        sock.sendall(wire)
+        answers = [_logits(r) for r in _read_responses(sock, 2)]
+        assert [rid for rid, _, _ in answers] == ["p0", "p1"]
+        for i, (_, logits, params) in enumerate(answers):
+            assert_served(fast_build, triton, images[i][None], logits, params)
+        body, n = _binary_request(images[2][None], "chunked")  # chunked, on the same connection
+        chunks = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:100], body[100:]))
+        sock.sendall((head.format(n) + "Transfer-Encoding: chunked\r\n\r\n").encode() + chunks + b"0\r\n\r\n")
+        rid, logits, params = _logits(_read_responses(sock, 1)[0])
+        assert rid == "chunked"
+        assert_served(fast_build, triton, images[2][None], logits, params)
+        body, n = _binary_request(images[3][None], "continue")  # the body only after 100 Continue
+        sock.sendall((head.format(n) + f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n").encode())
+        (status, _, _), = _read_responses(sock, 1)
+        assert status.startswith(b"HTTP/1.1 100")
+        sock.sendall(body)
+        assert _logits(_read_responses(sock, 1)[0])[0] == "continue"
+    with socket.create_connection((sidecar.host, sidecar.http_port), timeout=30) as sock:
+        body, n = _binary_request(images[4][None], "old")
+        sock.sendall(f"POST /v2/models/digits/infer HTTP/1.0\r\nInference-Header-Content-Length: {n}\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert _logits(_read_responses(sock, 1)[0])[0] == "old"
+        assert sock.recv(1) == b""  # HTTP/1.0 without keep-alive: closed after its answer
 
 
 def test_health_endpoints_answer_with_a_json_body(sidecar):
