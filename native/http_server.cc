@@ -179,7 +179,10 @@ std::string JsonError(const std::string& message) {
 }
 
 struct HttpServer::Impl {
-  enum class State { kHead, kBody, kWaiting, kWriting };
+  // kLinger: answered, and our side shut; what the client still sends is read and dropped until it closes (or the
+  // read timeout), as closing with unread bytes would reset the connection and could lose the answer before the
+  // client reads it (a 413 sent while the client still writes its body)
+  enum class State { kHead, kBody, kWaiting, kWriting, kLinger };
 
   struct Conn {
     int fd = -1;
@@ -193,6 +196,7 @@ struct HttpServer::Impl {
     bool close_after = false;
     bool http10 = false;
     bool want_out = false;  // EPOLLOUT armed
+    size_t lingered = 0;    // bytes dropped while lingering
     HttpRequest request;
     bool chunked = false;
     size_t length = 0;
@@ -363,6 +367,14 @@ struct HttpServer::Impl {
       bool ended = false;
       for (;;) {
         ssize_t got = read(fd, buffer, sizeof buffer);
+        if (got > 0 && c->state == State::kLinger) {
+          c->lingered += static_cast<size_t>(got);
+          if (c->lingered > options.max_body + kMaxHead) {
+            Close(c);
+            return;
+          }
+          continue;
+        }
         if (got > 0) {
           c->in.append(buffer, static_cast<size_t>(got));
           // what a client sends ahead while its request is served is bounded as one more request is
@@ -538,8 +550,12 @@ struct HttpServer::Impl {
     }
     if (c->state == State::kWriting) {
       if (c->close_after) {
-        Close(c);
-        return false;
+        shutdown(c->fd, SHUT_WR);
+        c->state = State::kLinger;
+        c->deadline_ms = NowMs() + options.read_timeout_ms;
+        c->in.clear();
+        c->pos = 0;
+        return true;
       }
       c->state = State::kHead;
       c->deadline_ms = NowMs() + options.idle_timeout_ms;
@@ -582,7 +598,7 @@ struct HttpServer::Impl {
         std::snprintf(seconds, sizeof seconds, "%g", options.read_timeout_ms / 1000.0);
         Refuse(c, 408, std::string("the request body did not arrive within ") + seconds + " s");
       } else {
-        Close(c);  // idle, stuck in its headers, or not reading its answer
+        Close(c);  // idle, stuck in its headers, not reading its answer, or done lingering
       }
     }
   }
@@ -678,7 +694,8 @@ struct HttpServer::Impl {
       std::string name = Lower(field.substr(0, colon)), value = Trim(field.substr(colon + 1));
       if (name == "transfer-encoding") chunked = Lower(value) == "chunked";
       if (name == "content-length") length = std::strtoull(value.c_str(), nullptr, 10);
-      if (!HopByHop(name) && name != "date" && name != "server") answer.headers.emplace_back(field.substr(0, colon), value);
+      if (!HopByHop(name) && name != "date" && name != "server")
+        answer.headers.emplace_back(field.substr(0, colon), value);
     }
     size_t pos = end + 4;
     if (chunked) {
