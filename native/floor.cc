@@ -1,14 +1,19 @@
 // The least a native gRPC front end costs per request: the C++ counterpart of grpc_floor.py, for
 // `accscale bench sidecar --floor`, so the edge's technology is chosen by measurement (issue 45).
 //
-//   accscale-floor --port P --triton HOST:PORT --mode echo|proxy [--threads N]
+//   accscale-floor --port P --triton HOST:PORT --mode echo|proxy|fake [--threads N]
 //
 // echo:  every ModelInfer is parsed and answered with the response Triton gave to the first one;
-// proxy: every ModelInfer is passed to Triton as it came, one call per request, and its answer passed back.
-// Metadata, config, statistics and health calls go to Triton, as in the Python floor, and ServerMetadata drops the
-// statistics extension so perf_analyzer asks for none. gRPC's callback API: no thread per call, the library's own
-// pollers run the handlers, and no handler blocks (the proxy's Triton call completes in a callback).
+// proxy: every ModelInfer is passed to Triton as it came, one call per request, and its answer passed back;
+// fake:  a worker that costs next to nothing, for measuring the sidecar alone (`bench sidecar --fake-worker`): as
+//        echo, but each answer has as many rows as its request (the first answer's rows, each repeated), so the
+//        sidecar's batches of any size are answered, and the statistics count rows.
+// Metadata, config, statistics, health and repository calls go to Triton, as in the Python floor, and
+// ServerMetadata drops the statistics extension so perf_analyzer asks for none. gRPC's callback API: no thread per
+// call, the library's own pollers run the handlers, and no handler blocks (the proxy's Triton call completes in a
+// callback).
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <functional>
@@ -27,26 +32,28 @@ using inference::GRPCInferenceService;
 
 class Floor final : public GRPCInferenceService::CallbackService {
  public:
-  Floor(std::shared_ptr<grpc::Channel> triton, bool echo)
-      : stub_(GRPCInferenceService::NewStub(triton)), echo_(echo) {}
+  Floor(std::shared_ptr<grpc::Channel> triton, bool echo, bool fake)
+      : stub_(GRPCInferenceService::NewStub(triton)), echo_(echo || fake), fake_(fake) {}
 
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx, const inference::ModelInferRequest* req,
                                        inference::ModelInferResponse* resp) override {
     auto* reactor = ctx->DefaultReactor();
     if (echo_ && has_canned_.load(std::memory_order_acquire)) {
-      resp->CopyFrom(canned_);
-      answered_.fetch_add(1, std::memory_order_relaxed);
+      if (fake_) Fake(*req, resp);
+      else resp->CopyFrom(canned_);
+      answered_.fetch_add(fake_ ? Rows(*req) : 1, std::memory_order_relaxed);
       reactor->Finish(grpc::Status::OK);
       return reactor;
     }
     auto* call = new grpc::ClientContext();
-    stub_->async()->ModelInfer(call, req, resp, [this, reactor, call, resp](grpc::Status status) {
+    stub_->async()->ModelInfer(call, req, resp, [this, reactor, call, req, resp](grpc::Status status) {
       if (echo_ && status.ok()) {
         std::call_once(canned_once_, [&] {
           canned_.CopyFrom(*resp);
+          canned_rows_ = Rows(*req);
           has_canned_.store(true, std::memory_order_release);
         });
-        answered_.fetch_add(1, std::memory_order_relaxed);
+        answered_.fetch_add(fake_ ? Rows(*req) : 1, std::memory_order_relaxed);
       }
       delete call;
       reactor->Finish(status);
@@ -96,8 +103,47 @@ class Floor final : public GRPCInferenceService::CallbackService {
     return Forward(ctx, req, resp, &Stub::ModelConfig);
   }
 
+  // what a sidecar asks of its workers besides inference (its fake worker passes them to Triton)
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
+                                            const inference::RepositoryIndexRequest* req,
+                                            inference::RepositoryIndexResponse* resp) override {
+    return Forward(ctx, req, resp, &Stub::RepositoryIndex);
+  }
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* ctx,
+                                                const inference::RepositoryModelLoadRequest* req,
+                                                inference::RepositoryModelLoadResponse* resp) override {
+    return Forward(ctx, req, resp, &Stub::RepositoryModelLoad);
+  }
+  grpc::ServerUnaryReactor* RepositoryModelUnload(grpc::CallbackServerContext* ctx,
+                                                  const inference::RepositoryModelUnloadRequest* req,
+                                                  inference::RepositoryModelUnloadResponse* resp) override {
+    return Forward(ctx, req, resp, &Stub::RepositoryModelUnload);
+  }
+
  private:
   using Stub = GRPCInferenceService::Stub::async_interface;
+
+  static int64_t Rows(const inference::ModelInferRequest& req) {
+    return req.inputs_size() > 0 && req.inputs(0).shape_size() > 0 ? std::max<int64_t>(req.inputs(0).shape(0), 1) : 1;
+  }
+
+  // The canned answer resized to the request's rows: each output's first row repeated.
+  void Fake(const inference::ModelInferRequest& req, inference::ModelInferResponse* resp) const {
+    int64_t rows = Rows(req);
+    resp->set_model_name(canned_.model_name());
+    resp->set_model_version(canned_.model_version());
+    resp->set_id(req.id());
+    for (int i = 0; i < canned_.outputs_size(); ++i) {
+      auto* out = resp->add_outputs();
+      *out = canned_.outputs(i);
+      if (out->shape_size() > 0) out->set_shape(0, rows);
+      const std::string& all = canned_.raw_output_contents(i);
+      size_t row = all.size() / static_cast<size_t>(canned_rows_);
+      std::string* raw = resp->add_raw_output_contents();
+      raw->reserve(row * static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) raw->append(all, 0, row);
+    }
+  }
 
   // Passes one unary call to Triton and its answer back, after `edit` (if any) has changed it.
   template <typename Req, typename Resp, typename Edit = void (*)(Resp*)>
@@ -116,15 +162,16 @@ class Floor final : public GRPCInferenceService::CallbackService {
   }
 
   std::unique_ptr<GRPCInferenceService::Stub> stub_;
-  const bool echo_;
+  const bool echo_, fake_;
   std::once_flag canned_once_;
+  int64_t canned_rows_ = 1;
   std::atomic<bool> has_canned_{false};
   inference::ModelInferResponse canned_;
   std::atomic<long> answered_{0};
 };
 
 int Usage() {
-  std::cerr << "usage: accscale-floor --port P --triton HOST:PORT --mode echo|proxy [--host 127.0.0.1]\n";
+  std::cerr << "usage: accscale-floor --port P --triton HOST:PORT --mode echo|proxy|fake [--host 127.0.0.1]\n";
   return 2;
 }
 
@@ -140,11 +187,12 @@ int main(int argc, char** argv) {
     else if (key == "--host") host = value;
     else return Usage();
   }
-  if (port.empty() || triton.empty() || (mode != "echo" && mode != "proxy")) return Usage();
+  if (port.empty() || triton.empty() || (mode != "echo" && mode != "proxy" && mode != "fake")) return Usage();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  Floor service(grpc::CreateCustomChannel(triton, grpc::InsecureChannelCredentials(), args), mode == "echo");
+  Floor service(grpc::CreateCustomChannel(triton, grpc::InsecureChannelCredentials(), args), mode == "echo",
+                mode == "fake");
   grpc::ServerBuilder builder;
   builder.AddListeningPort(host + ":" + port, grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(-1);

@@ -610,3 +610,24 @@ def test_a_sidecar_whose_port_was_taken_first_starts_again_on_new_ports(fast_bui
             assert launcher.port_taken(server.log_path.read_text())
             with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready") as response:
                 assert response.status == 200
+
+
+def test_the_fake_worker_answers_each_batch_with_its_rows_and_counts_them(fast_build, triton, images, native_edge):
+    """`bench sidecar --fake-worker`'s worker (native/floor.cc, fake mode): the first batch goes to Triton, every later
+    one is answered at once with as many rows as it has (the first answer's first row, repeated), and the statistics
+    count rows, as the bench's CPU per request divides by them."""
+    from scheduler_sidecar.experiments.sidecar_bench import floor_server
+
+    control = fast_build.profile.variants[0].actuation.control
+
+    def infer(client, x: np.ndarray) -> np.ndarray:
+        rows = np.asarray([control] * len(x), dtype=np.int32)
+        return client.infer("digits_supernet", [grpc_input(x), grpc_input(rows, "CONTROL", "INT32")]).as_numpy("LOGITS")
+
+    with floor_server(triton.grpc_url, "fake", native=True) as (url, _), \
+            grpcclient.InferenceServerClient(url) as client:
+        first = infer(client, images[:1])
+        assert first.shape == (1, 10)
+        batch = infer(client, images[1:4])  # other images: the answer is the first's, not the model's
+        assert batch.shape == (3, 10) and (batch == first[0]).all()
+        assert client.get_inference_statistics("digits_supernet").model_stats[0].inference_count == 4

@@ -21,6 +21,11 @@ targets over gRPC, one after the other, in the same run:
   callback API), what a native edge cannot go below. ``proxy_floor_peak_by_processes``: the Python proxy's
   peak throughput in 1 and in 2 processes sharing its port (whether more front-end processes pay here), and the
   native proxy's in one (``native``).
+- ``fake_worker`` (with ``--fake-worker``): each edge's sidecar alone, before a worker that costs next to nothing
+  (the C++ floor's ``fake`` mode: an answer of the request's rows, no model run): its CPU per request at the CPU rate
+  and at three times it (``cpu_ratio_3x``: does any one thread serialize the edge as the load grows), and its peak
+  throughput over the fake worker's own (``peak_ratio``). Triton takes half the machine in the other figures; here
+  the sidecar has nearly all of it.
 
 ``--cprofile FILE`` runs the sidecar under cProfile and prints where its time went.
 ``--py-spy FILE`` samples the sidecar with py-spy (every thread, gRPC's included, which cProfile
@@ -101,6 +106,9 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                         "(accscale serve --edge; default: python)")
     p.add_argument("--floor", action="store_true",
                    help="also measure a bare grpc.aio echo server and pass-through proxy (CPU per request)")
+    p.add_argument("--fake-worker", action="store_true", dest="fake_worker",
+                   help="also measure each edge's sidecar alone, before a worker that costs next to nothing (the C++ "
+                        "floor's fake mode): CPU per request at --cpu-rate and 3x it, and peak throughput")
     p.add_argument("--py-spy", type=Path, dest="py_spy",
                    help="sample the sidecar with py-spy --native during the gRPC CPU run; save the stacks here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -240,6 +248,7 @@ def floor_server(triton_url: str, mode: str, processes: int = 1, native: bool = 
         for p in procs:
             p.terminate()
             p.wait(10)
+            p.stdout.close()
 
 
 def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us: int | None, front_end: str,
@@ -260,9 +269,47 @@ def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us:
             "throughput_qps": result["throughput_qps"]}
 
 
+def peak(binary: Path, url: str, window_ms: int, concurrency: list[int], slo_us: int | None, name: str,
+         progress) -> dict:
+    """The most requests/s ``url`` sustains, at its best concurrency of ``concurrency``."""
+    runs = {}
+    for c in concurrency:
+        progress(f"{name}: throughput at concurrency {c}")
+        runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], slo_us)
+    best = max(runs, key=lambda c: runs[c]["throughput_qps"])
+    return {"concurrency": best, **runs[best]}
+
+
+def fake_worker(binary: Path, triton, profile: Path, edges: tuple[str, ...], window_ms: int, cpu_rate: float,
+                concurrency: list[int], slo_us: int, progress) -> dict:
+    """Each edge's sidecar alone: in front of a worker that costs next to nothing (native/floor.cc's fake mode, which
+    passes only the first batch and the control calls to Triton), its CPU per request at ``cpu_rate`` and at three
+    times it, and its peak beside the fake worker's own."""
+    out: dict = {}
+    with floor_server(triton.grpc_url, "fake", native=True) as (url, worker):
+        out["worker_peak"] = peak(binary, url, window_ms, concurrency, None, "fake worker", progress)
+        for edge in edges:
+            with SidecarServer(workers=[url], profile=profile,
+                               extra_args=["--model-name", MODEL, "--edge", edge]) as sidecar:
+                cpu = {}
+                for rate in (cpu_rate, 3 * cpu_rate):
+                    progress(f"{edge} edge before the fake worker: CPU per request over grpc at {rate:g} requests/s")
+                    cpu[f"{rate:g}"] = cpu_per_request(binary, sidecar.grpc_url, window_ms, rate, slo_us, "grpc",
+                                                       worker, sidecar, counted_at=url)
+                low, high = (cpu[f"{r:g}"].get("sidecar") for r in (cpu_rate, 3 * cpu_rate))
+                out[edge] = {"cpu_us_per_request": cpu,
+                             "cpu_ratio_3x": round(high / low, 3) if low and high else None,
+                             "peak": peak(binary, sidecar.grpc_url, window_ms, concurrency, slo_us,
+                                          f"{edge} edge before the fake worker", progress)}
+                out[edge]["peak_ratio"] = round(out[edge]["peak"]["throughput_qps"]
+                                                / out["worker_peak"]["throughput_qps"], 3)
+    return out
+
+
 def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cprofile: Path | None,
           cpu_rate: float = 1000.0, front_ends: tuple[str, ...] = FRONT_ENDS, py_spy: Path | None = None,
-          floor: bool = False, progress=lambda msg: None, edges: tuple[str, ...] = ("python",)) -> dict:
+          floor: bool = False, progress=lambda msg: None, edges: tuple[str, ...] = ("python",),
+          fake: bool = False) -> dict:
     from export.repository import write_static  # lazy: torch
 
     def profiled(tritons) -> None:
@@ -270,7 +317,7 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
         measure_profile(tritons[0].grpc_url, profile)
 
     binary = ensure()
-    if "native" in edges or floor:  # built here, before a sidecar on it would wait out its start-up for the build
+    if "native" in edges or floor or fake:  # built here, before a sidecar on it would wait out its start-up for it
         edge_module(), program("accscale-floor")
     with tempfile.TemporaryDirectory() as tmp:
         repository, profile = Path(tmp) / "repository", Path(tmp) / "profile.json"
@@ -309,37 +356,31 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
                 # do more front-end processes pay on this machine? and how far does one native process go?
                 for label, processes, native in (("1", 1, False), ("2", 2, False), ("native", 1, True)):
                     with floor_server(triton.grpc_url, "proxy", processes, native) as (url, _):
-                        runs = {}
-                        for c in concurrency:
-                            progress(f"proxy floor ({label}): throughput at concurrency {c}")
-                            runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], None)
-                        best = max(runs, key=lambda c: runs[c]["throughput_qps"])
-                        proxy_peak[label] = {"concurrency": best, **runs[best]}
+                        proxy_peak[label] = peak(binary, url, window_ms, concurrency, None, f"proxy floor ({label})",
+                                                 progress)
+            alone = fake_worker(binary, triton, profile, edges, window_ms, cpu_rate, concurrency, round(slo_ms * 1e3),
+                                progress) if fake else None
             if py_spy is not None:
                 progress(f"sidecar: sampling its stacks over gRPC at {cpu_rate:g} requests/s")
                 sample(binary, sidecar.grpc_url, window_ms, cpu_rate, targets["sidecar"][1], sidecar.pid, py_spy)
-            at_rate, peak = {}, {}
+            at_rate, peaks = {}, {}
             for name, (url, slo) in targets.items():
                 progress(f"{name}: latency at {rate:g} requests/s")
                 at_rate[name] = perf_analyzer(binary, url, window_ms, [
                     "--request-rate-range", str(rate), "--request-distribution", "constant"], slo)
-                runs = {}
-                for c in concurrency:
-                    progress(f"{name}: throughput at concurrency {c}")
-                    runs[c] = perf_analyzer(binary, url, window_ms, ["--concurrency-range", str(c)], slo)
-                best = max(runs, key=lambda c: runs[c]["throughput_qps"])
-                peak[name] = {"concurrency": best, **runs[best]}
+                peaks[name] = peak(binary, url, window_ms, concurrency, slo, name, progress)
     def versus_direct(name: str) -> dict:
         return {"added_p50_ms": round(at_rate[name]["p50_ms"] - at_rate["direct"]["p50_ms"], 3),
                 "added_p99_ms": round(at_rate[name]["p99_ms"] - at_rate["direct"]["p99_ms"], 3),
-                "throughput_ratio": round(peak[name]["throughput_qps"] / peak["direct"]["throughput_qps"], 3)}
+                "throughput_ratio": round(peaks[name]["throughput_qps"] / peaks["direct"]["throughput_qps"], 3)}
 
     return {
         **versus_direct(names[edges[0]]),  # the first edge's, at the top level as before
         "edges": {edge: versus_direct(names[edge]) for edge in edges},
-        "rate_qps": rate, "at_rate": at_rate, "peak": peak,
+        "rate_qps": rate, "at_rate": at_rate, "peak": peaks,
         "cpu_rate_qps": cpu_rate, "cpu_us_per_request": cpu,
         **({"proxy_floor_peak_by_processes": proxy_peak} if proxy_peak else {}),
+        **({"fake_worker": alone} if alone is not None else {}),
         **({"py_spy_parts": parts(py_spy)} if py_spy is not None and py_spy.exists() else {}),
     }
 
@@ -374,7 +415,7 @@ def _cpu_line(r: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.json else print
     result = bench(args.rate, args.concurrency, args.window_ms, args.slo_ms, args.cprofile, args.cpu_rate,
-                   tuple(args.front_ends), args.py_spy, args.floor, progress, tuple(args.edges))
+                   tuple(args.front_ends), args.py_spy, args.floor, progress, tuple(args.edges), args.fake_worker)
     if args.json:
         print(json.dumps(result))
     else:
@@ -391,6 +432,15 @@ def run(args: argparse.Namespace) -> int:
         for label, peak in result.get("proxy_floor_peak_by_processes", {}).items():
             where = "the native proxy floor" if label == "native" else f"proxy floor in {label} process(es)"
             print(f"{where}: peak {peak['throughput_qps']:.0f}/s at concurrency {peak['concurrency']}")
+    alone = result.get("fake_worker")
+    if alone and not args.json:
+        print(f"fake worker alone: peak {alone['worker_peak']['throughput_qps']:.0f}/s")
+        for edge in args.edges:
+            r = alone[edge]
+            print(f"{edge} edge before it: CPU us per request "
+                  + ", ".join(f"at {rate}/s {_cpu_line(c)}" for rate, c in r["cpu_us_per_request"].items())
+                  + f" (3x over 1x: {r['cpu_ratio_3x']}); peak {r['peak']['throughput_qps']:.0f}/s "
+                  f"({r['peak_ratio']} of the fake worker's)")
     if "py_spy_parts" in result and not args.json:
         print("where the sidecar's busy samples were (py-spy, gRPC at the CPU rate): "
               + ", ".join(f"{name} {share:.1%}" for name, share in result["py_spy_parts"].items()))
