@@ -210,6 +210,42 @@ bool InferPath(const std::string& path, std::string* model, std::string* version
   return parts.size() == 4 || decode(parts[4], version);
 }
 
+// Whether `s` is UTF-8 (what a Python str can be made of); the router reads a path that is not as no route.
+bool Utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    i += n;
+  }
+  return true;
+}
+
+// The deepest nesting of arrays and objects in a JSON text (strings skipped). Python's parser refuses a text past
+// its recursion limit (about 1,000 levels) with "nested too deeply"; the fast path leaves such a text to it.
+size_t Depth(const char* text, size_t size) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < size; ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+constexpr size_t kMaxFastDepth = 64;  // a header from tritonclient nests 4 levels
+
 using Json = rapidjson::Value;
 
 // the last member called `name`: Python's json keeps the last of repeated keys
@@ -233,9 +269,12 @@ bool ReadBinary(HttpInfer* r) {
     header = std::stoull(s);
     if (header == 0 || header > r->body.size()) return false;
   }
+  if (Depth(r->body.data(), header) > kMaxFastDepth) return false;
   rapidjson::Document d;
-  // iterative: no nesting depth reaches the stack; encoding checked as Python's decoder would
-  d.Parse<rapidjson::kParseIterativeFlag | rapidjson::kParseValidateEncodingFlag>(r->body.data(), header);
+  // iterative: no nesting depth reaches the stack; encoding checked as Python's decoder would; numbers rounded as
+  // Python's float() rounds them
+  d.Parse<rapidjson::kParseIterativeFlag | rapidjson::kParseValidateEncodingFlag | rapidjson::kParseFullPrecisionFlag>(
+      r->body.data(), header);
   if (d.HasParseError() || !d.IsObject()) return false;
   if (const Json* id = Member(d, "id"); id && !id->IsNull()) {
     if (!id->IsString()) return false;
@@ -461,7 +500,15 @@ class Edge {
       }
     }
     py::list out;
-    for (auto& a : got) out.append(ToPython(*a));
+    for (auto& a : got) {
+      try {
+        out.append(ToPython(*a));
+      } catch (const std::exception& e) {  // a value Python cannot hold: this request fails, the others go on
+        if (a->kind != kCancelled)
+          Fail(a->id, static_cast<int>(grpc::StatusCode::INTERNAL), 500,
+               std::string("the request could not be handed to the scheduler: ") + e.what(), "InternalError");
+      }
+    }
     return out;
   }
 
@@ -618,6 +665,7 @@ class Edge {
   bool TakeHttp(uint64_t connection, HttpRequest& request) {
     auto r = std::make_unique<HttpInfer>();
     if (request.method != "POST" || !InferPath(request.path, &r->model, &r->version)) return false;
+    if (!Utf8(r->model) || !Utf8(r->version)) return false;
     auto a = std::make_unique<Arrival>();
     a->arrival_us = MonotonicUs();
     a->kind = kHttp;
@@ -726,7 +774,11 @@ class Edge {
   // the rest as the fast path read them and body None, or body the whole body and what it read None
   static py::tuple HttpToPython(const Arrival& a) {
     const HttpInfer& r = *a.http;
-    auto length = r.header_length ? py::object(py::str(*r.header_length)) : py::object(py::none());
+    // a header's bytes as latin-1, so that any value crosses (the Python parser says it is no integer)
+    auto length = r.header_length ? py::reinterpret_steal<py::object>(PyUnicode_DecodeLatin1(
+                                        r.header_length->data(), static_cast<Py_ssize_t>(r.header_length->size()),
+                                        nullptr))
+                                  : py::object(py::none());
     if (r.whole)
       return py::make_tuple(a.id, kHttp, r.model, r.version, py::none(), py::none(), py::none(), py::none(),
                             a.arrival_us, py::bytes(r.body), length);

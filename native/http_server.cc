@@ -42,6 +42,8 @@ constexpr size_t kMaxChunkLine = 1024;    // a chunk's size line
 constexpr int kSweepMs = 100;             // how often deadlines are checked
 constexpr int kForwarders = 4;            // threads passing requests to the Python front end
 constexpr int kForwardTimeoutS = 300;     // an admin call may wait on a worker; the Python side always answers
+constexpr size_t kMaxForwards = 1024;     // requests waiting for a forwarder; more get 503
+constexpr size_t kKeepCapacity = 64 << 10;  // a buffer emptied after a larger request gives its memory back
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -195,6 +197,7 @@ struct HttpServer::Impl {
     int64_t deadline_ms = 0;  // kHead and kWriting: closed then; kBody: 408 then
     bool close_after = false;
     bool http10 = false;
+    size_t scanned = 0;     // where the search for the end of the headers resumes
     bool want_out = false;  // EPOLLOUT armed
     size_t lingered = 0;    // bytes dropped while lingering
     HttpRequest request;
@@ -280,7 +283,7 @@ struct HttpServer::Impl {
 
   ~Impl() {
     Stop();
-    for (auto& [fd, conn] : by_fd) close(fd);
+    for (auto& [fd, conn] : by_fd) close(fd);  // none where the I/O thread ran; it closes them as it stops
     if (listen_fd >= 0) close(listen_fd);
     if (epoll_fd >= 0) close(epoll_fd);
     if (wake_fd >= 0) close(wake_fd);
@@ -305,7 +308,7 @@ struct HttpServer::Impl {
       int n = epoll_wait(epoll_fd, events, 256, kSweepMs);
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (stopping) return;
+        if (stopping) break;
       }
       for (int i = 0; i < n; ++i) {
         int fd = events[i].data.fd;
@@ -319,6 +322,13 @@ struct HttpServer::Impl {
         next_sweep = now + kSweepMs;
       }
     }
+    // stopped: every connection closes now, so no client waits on an answer that will not come
+    for (auto& [fd, conn] : by_fd) {
+      epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+      close(fd);
+    }
+    by_fd.clear();
+    by_id.clear();
   }
 
   void Accept() {
@@ -352,7 +362,24 @@ struct HttpServer::Impl {
     close(fd);
     by_id.erase(id);
     by_fd.erase(fd);  // c is gone
-    if (was_waiting) gone(id);
+    if (was_waiting) {
+      gone(id);
+      DropForward(id);
+    }
+  }
+
+  // A request waiting for a forwarder whose client has gone is not passed on.
+  void DropForward(uint64_t id) {
+    std::lock_guard<std::mutex> lock(forward_mu);
+    for (auto it = forwards.begin(); it != forwards.end(); ++it)
+      if (it->first == id) {
+        forwards.erase(it);
+        return;
+      }
+  }
+
+  static void Release(std::string* buffer) {
+    if (buffer->empty() && buffer->capacity() > kKeepCapacity) std::string().swap(*buffer);
   }
 
   void OnEvent(int fd, uint32_t events) {
@@ -400,11 +427,14 @@ struct HttpServer::Impl {
   void Parse(Conn* c) {
     while (c->state == State::kHead || c->state == State::kBody) {
       if (c->state == State::kHead) {
-        size_t end = c->in.find("\r\n\r\n", c->pos);
+        // the search resumes where the last one ended: headers arriving a few bytes at a time cost no rescans
+        size_t end = c->in.find("\r\n\r\n", std::max(c->pos, c->scanned));
         if (end == std::string::npos) {
           if (c->in.size() - c->pos > kMaxHead) return Refuse(c, 431, "the request's headers are too large");
+          c->scanned = c->in.size() >= 3 ? c->in.size() - 3 : 0;
           return;
         }
+        c->scanned = 0;
         if (end - c->pos > kMaxHead) return Refuse(c, 431, "the request's headers are too large");
         if (!ReadHead(c, c->in.substr(c->pos, end - c->pos))) return;
         c->pos = end + 4;
@@ -413,7 +443,7 @@ struct HttpServer::Impl {
         // a client that waits for leave to send its body (curl does, over 1 KiB) is told to go on
         const std::string* expect = c->request.Header("expect");
         bool body_pending = c->chunked ? c->in.size() == c->pos : c->in.size() - c->pos < c->length;
-        if (expect && Lower(Trim(*expect)) == "100-continue" && body_pending &&
+        if (expect && !c->http10 && Lower(Trim(*expect)) == "100-continue" && body_pending &&
             !Send(c, "HTTP/1.1 100 Continue\r\n\r\n"))
           return;
       }
@@ -430,7 +460,7 @@ struct HttpServer::Impl {
         c->request.body.assign(c->in, c->pos, c->length);
         c->pos += c->length;
       }
-      Dispatch(c);
+      if (!Dispatch(c)) return;
     }
   }
 
@@ -439,7 +469,9 @@ struct HttpServer::Impl {
     if (c->pos > 0) {
       c->in.erase(0, c->pos);
       c->pos = 0;
+      c->scanned = 0;
     }
+    Release(&c->in);
   }
 
   bool ReadHead(Conn* c, const std::string& head) {
@@ -468,10 +500,14 @@ struct HttpServer::Impl {
       std::string field = head.substr(at, next - at);
       at = next + 2;
       size_t colon = field.find(':');
-      if (colon == std::string::npos || colon == 0 || field[0] == ' ' || field[0] == '\t')
+      // no space inside a name (RFC 9112: "Content-Length : 5" is refused, not read as another header)
+      if (colon == std::string::npos || colon == 0 || field.find_first_of(" \t") < colon)
         return Refuse(c, 400, "a header is malformed"), false;
       r.headers.emplace_back(Lower(field.substr(0, colon)), Trim(field.substr(colon + 1)));
     }
+    int lengths = 0;
+    for (const auto& [name, value] : r.headers) lengths += name == "content-length";
+    if (lengths > 1) return Refuse(c, 400, "Content-Length is given more than once"), false;
     std::string connection = r.Header("connection") ? Lower(*r.Header("connection")) : "";
     r.keep_alive = c->http10 ? connection.find("keep-alive") != std::string::npos
                              : connection.find("close") == std::string::npos;
@@ -494,17 +530,24 @@ struct HttpServer::Impl {
     return true;
   }
 
-  void Dispatch(Conn* c) {
+  // false when the connection was closed (c is gone)
+  bool Dispatch(Conn* c) {
     c->state = State::kWaiting;
     c->close_after = !c->request.keep_alive;
     Compact(c);
     HttpRequest& request = c->request;
-    if (take(c->id, request)) return;
+    if (take(c->id, request)) return true;
     {
       std::lock_guard<std::mutex> lock(forward_mu);
-      forwards.emplace_back(c->id, std::move(request));
+      if (forwards.size() < kMaxForwards) {
+        forwards.emplace_back(c->id, std::move(request));
+        forward_ready.notify_one();
+        return true;
+      }
     }
-    forward_ready.notify_one();
+    c->state = State::kWriting;
+    c->deadline_ms = NowMs() + options.idle_timeout_ms;
+    return Send(c, Serialize(Error(503, "the sidecar's HTTP front end is busy"), !c->close_after, c->http10));
   }
 
   // An error of the transport: answered, and the connection closed after it.
@@ -514,6 +557,7 @@ struct HttpServer::Impl {
     c->deadline_ms = NowMs() + options.idle_timeout_ms;
     c->in.clear();
     c->pos = 0;
+    Release(&c->in);
     Send(c, Serialize(Error(status, message), false, c->http10));
   }
 
@@ -544,6 +588,7 @@ struct HttpServer::Impl {
     }
     c->out.clear();
     c->out_pos = 0;
+    Release(&c->out);
     if (c->want_out) {
       c->want_out = false;
       Watch(c->fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
@@ -656,6 +701,10 @@ struct HttpServer::Impl {
     std::strncpy(address.sun_path, options.forward_to.c_str(), sizeof address.sun_path - 1);
     if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
       return Error(502, "the sidecar's HTTP front end cannot be reached");
+    {
+      std::lock_guard<std::mutex> lock(forward_mu);  // a stop between registering and connecting missed this socket
+      if (forward_stop) return Error(503, "the sidecar is stopping");
+    }
     std::string out = r.method + " " + r.target + " HTTP/1.1\r\n";
     for (const auto& [name, value] : r.headers)
       if (!HopByHop(name)) out += name + ": " + value + "\r\n";

@@ -356,6 +356,25 @@ def test_http_framing_fuzz(sidecar):
 
 
 @pytest.mark.parametrize("sidecar", EDGES, indirect=True)
+def test_bytes_that_are_no_text_fail_alone(sidecar):
+    """A model name percent-decoded to bytes that are not UTF-8, and a header length that is not ASCII: each gets a
+    client error, and the requests around them (the bystander's, taken with them in one burst) are served."""
+    header = json.dumps(binary_body()).encode()
+    body = header + np.zeros(PIXELS, np.float32).tobytes()
+    cases = [("/v2/models/%FF%FE/infer", str(len(header)).encode()), ("/v2/models/digits/infer", b"\xff\xfe")]
+    with Bystander(sidecar.grpc_url) as bystander:
+        for path, length in cases * 20:
+            with socket.create_connection((sidecar.host, sidecar.http_port), timeout=30) as sock:
+                sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nConnection: close\r\n"
+                             b"Inference-Header-Content-Length: " + length + b"\r\n"
+                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                status = int(_read_all(sock).split(b" ", 2)[1])
+            assert 400 <= status < 500, (path, length, status)
+    assert bystander.answered > 0
+    _healthy_after(sidecar)
+
+
+@pytest.mark.parametrize("sidecar", EDGES, indirect=True)
 def test_grpc_fuzz(sidecar):
     seen = {"answered": 0, "refused": 0}
     channel = grpc.insecure_channel(sidecar.grpc_url, options=[("grpc.max_send_message_length", -1)])
