@@ -663,8 +663,9 @@ class Edge {
 
   // ---- for the HTTP server (on its I/O thread)
   bool TakeHttp(uint64_t connection, HttpRequest& request) {
+    if (request.method != "POST") return false;  // decided before anything is allocated: most routes are GETs
     auto r = std::make_unique<HttpInfer>();
-    if (request.method != "POST" || !InferPath(request.path, &r->model, &r->version)) return false;
+    if (!InferPath(request.path, &r->model, &r->version)) return false;
     if (!Utf8(r->model) || !Utf8(r->version)) return false;
     auto a = std::make_unique<Arrival>();
     a->arrival_us = MonotonicUs();

@@ -282,8 +282,7 @@ struct HttpServer::Impl {
   }
 
   ~Impl() {
-    Stop();
-    for (auto& [fd, conn] : by_fd) close(fd);  // none where the I/O thread ran; it closes them as it stops
+    Stop();  // the I/O thread closes the connections as it stops
     if (listen_fd >= 0) close(listen_fd);
     if (epoll_fd >= 0) close(epoll_fd);
     if (wake_fd >= 0) close(wake_fd);
