@@ -134,14 +134,12 @@ def _build(folder: Path, recipe: Recipe, stamp: Path) -> None:
         model = f"loki_detect_{name}"
         if channels is None:
             model_dir = repository.write_model(repo, model, None, [1, 64, 64], [3, 16, 16], {"runner": "components"})
-            heat = components(heldout.frames)
         else:
             net = small_nets.train(_detector(channels), train.frames, heatmap_targets(train), recipe.detector_epochs,
                          weight=[0.05, 1.0, 1.0])
             model_dir = repository.write_model(repo, model, to_onnx(net, (1, 64, 64), (3, 16, 16), model), [1, 64, 64],
                                                [3, 16, 16], {"runner": "static", "intra_op_threads": "1"})
-            heat = make_session(model_dir / "1" / MODEL_FILE, 1).run(["LOGITS"], {"INPUT": heldout.frames})[0]
-        detections[name] = [decode(h) for h in heat]
+        detections[name] = detect(model_dir, heldout.frames)
         models[model] = {"task": "detect", "dir": model_dir, "input": (1, 64, 64)}
     for task, kind, variants, classes in (("digits", DIGIT, DIGIT_WIDTHS, 10), ("shapes", SHAPE, SHAPE_MODELS, 2)):
         x, y = _object_crops(train, kind, seed=3)
@@ -192,6 +190,24 @@ def _measure(heldout: Scenes, detections: dict[str, list[np.ndarray]], models: d
             accuracy[model] = m["accuracy"]
     return {"accuracy": accuracy, "fanout": fanout, "path_accuracy": paths,
             "objects_per_frame": {t: totals[k] / len(heldout) for t, k in (("digits", DIGIT), ("shapes", SHAPE))}}
+
+
+def detect(model_dir: Path, frames: np.ndarray) -> list[np.ndarray]:
+    """What the detector model in ``model_dir`` finds in each of ``frames``, decoded as the pipeline's BLS model
+    decodes it: its ONNX graph on onnxruntime, or the classical detector (a model without a graph)."""
+    graph = model_dir / "1" / MODEL_FILE
+    heat = make_session(graph, 1).run(["LOGITS"], {"INPUT": frames})[0] if graph.exists() else components(frames)
+    return [decode(h) for h in heat]
+
+
+def frame_fanout(stamp: Path, frames: np.ndarray) -> dict[str, list[dict[str, int]]]:
+    """Per detector of the pipeline built at ``stamp``, each frame's own fan-out: the digits and shapes it finds in
+    it, the crops the BLS sends on (the simulator's ``Setup.frame_fanout``)."""
+    data = json.loads(Path(stamp).read_text())
+    repo = Path(stamp).parent / "repository"
+    return {model: [{"digits": int((d[:, 2] == DIGIT).sum()), "shapes": int((d[:, 2] == SHAPE).sum())}
+                    for d in detect(repo / model, frames)]
+            for model, task in data["task_of"].items() if task == "detect"}
 
 
 def _profile(m: dict, repeats: int) -> dict[str, list[float]]:

@@ -181,6 +181,21 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
         for what, key in (("attainment", "slo_attainment"), ("accuracy", "mean_serving_accuracy")):
             assert result[f"{what}_gap_pts"][side] == pytest.approx(
                 100 * (result[f"live_{side}"][key] - result["simulated"][key]), abs=0.01)
+    # each stage's times beside the scores: live from Triton's statistics (the BLS model's batch is a whole pipeline's),
+    # simulated per task from its queries' arrival there to their answer
+    from scheduler_sidecar.experiments.loki.demo import BLS
+
+    live, simulated = result["stages"]["live"], result["stages"]["simulated"]
+    assert live[BLS]["mean_batch"] >= 1 and live[BLS]["mean_service_ms"] > 0
+    assert "detect" in simulated and set(simulated) <= {"detect", "digits", "shapes"}
+    for task in simulated.values():
+        assert task["queries"] > 0 and 0 < task["latency_ms"][0] <= task["latency_ms"][1]
+        assert -0.1 <= task["mean_wait_ms"] <= task["latency_ms"][1]
+    for side, (p50, p99) in result["frame_latency_ms"].items():
+        assert 0 < p50 <= p99, side
+    # the same simulation with each frame's fan-out drawn (its detector's mean), its gaps beside
+    drawn = result["with_drawn_fanout"]
+    assert set(drawn["attainment_gap_pts"]) == set(drawn["accuracy_gap_pts"]) == {"client", "sidecar"}
 
 
 @pytest.mark.parametrize("flag", ["--window-s", "--duration-s", "--burst-qps"])

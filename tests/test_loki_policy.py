@@ -3,6 +3,8 @@ triggers, and whole simulations that account for every frame."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,21 @@ def test_every_frame_is_accounted_for(name: str) -> None:
         assert dropped_tasks <= {t.name for t in pipeline.leaves}
     if name != "proteus-per-task":  # 240 frames/s is past hardware scaling: InferLine serves a fraction
         assert run.plans and run.plans[0].step == ("overload" if name == "inferline" else "accuracy")
+
+
+def test_each_frame_can_have_its_own_fanout() -> None:
+    """``fanout="frames"``: a frame's detector creates the queries its table gives that frame (frame i, row i mod n),
+    for whichever variant serves it; without a table, "frames" is refused."""
+    pipeline = traffic_analysis()
+    children = pipeline.root.children
+    table = {v.id: [{c: (i + k + j) % 3 for k, c in enumerate(children)} for i in range(7)]
+             for j, v in enumerate(pipeline.root.variants)}
+    frames = _arrivals(60, 2)
+    run = simulate(ABLATIONS["no dropping"], Setup(pipeline, fanout="frames", frame_fanout=table), frames,
+                   initial_demand_qps=60)
+    created = Counter((r.parent, r.query_type) for r in run.result.follow_ups if r.parent < len(frames))
+    served = [(i, v) for i, v in enumerate(run.result.variant) if v is not None]
+    assert len(served) == len(frames) and len({v for _, v in served}) >= 1
+    assert all(created[i, c] == table[v][i % 7][c] for i, v in served for c in children)
+    with pytest.raises(ValueError, match="frame_fanout"):
+        simulate(ABLATIONS["no dropping"], Setup(pipeline, fanout="frames"), frames, initial_demand_qps=60)

@@ -5,8 +5,16 @@ behind the sidecar with Loki's controller over ``--instances`` replicas; simulat
 controller over as many workers, its load times the ones measured live. Scored per frame: met when every crop was
 served and the sidecar answered within the SLO (the client's own delays left out: the sidecar's queue and service
 time), with the frame's accuracy the mean of its detections' measured path accuracy (the detector's where it found
-nothing), over met frames; the simulator's frames alike (its fan-out is the measured mean objects per frame, drawn
-per frame).
+nothing), over met frames; the simulator's frames alike, each with its own fan-out (the objects its detector finds in
+that frame). Beside it (``with_drawn_fanout``), the same simulation with each frame's fan-out drawn from its
+detector's mean objects per frame, as the simulator draws it for frames it does not know.
+
+Beside the scores, each stage's times (``stages``): live, each stage model's and the BLS model's mean batch, a
+request's mean wait in Triton's queue and a batch's mean time, from Triton's statistics (the models loaded at the
+end, since their last load; a BLS model's batch time is its whole pipeline's); simulated, each task's queries' latency
+p50 and p99 from their arrival at the task (a crop's arrival is its frame's detector batch's end) to their answer,
+their mean wait and each variant's mean batch. And the frames' latency p50 and p99, live in the sidecar's and the
+client's view and simulated.
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
         progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, "
                  f"SLO {args.slo_ms:g} ms")
         frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))
-        live_batches = mean_batches(d.tritons[0].grpc_url, models)
+        live_stages = stage_stats(d.tritons[0].grpc_url, [*models, loki_demo.BLS])
         log = sidecar.log_path.read_text()
         load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
     (tmp / "sidecar.log").write_text(log)
@@ -71,6 +79,11 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
     run_ = loki_demo.simulate_beside(stamp, demo, trace.arrival_s, load_ms)
     met = run_.frames.met
+    # beside it, the same simulation with each frame's fan-out drawn from its detector's mean, as before each frame
+    # had its own: how much of the gap the fan-out explains
+    drawn = loki_demo.simulate_beside(stamp, demo, trace.arrival_s, load_ms, own_fanout=False).frames
+    with_drawn = {"slo_attainment": float(drawn.met.mean()),
+                  "mean_serving_accuracy": float(np.nanmean(drawn.accuracy[drawn.met])) if drawn.met.any() else 0.0}
     simulated_batches: dict[str, list[int]] = {}
     for b in run_.result.batches:
         simulated_batches.setdefault(b.variant_id, []).append(b.batch_size)
@@ -83,15 +96,64 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                  "live_outcomes": {"refused": sum(f.answer is None for f in frames),
                                    "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},
                  "simulated": simulated, "simulated_plans": [p.step for p in run_.plans],
+                 "with_drawn_fanout": {k: v for k, v in gaps({"live_client": live_client, "live_sidecar": live_sidecar,
+                                                              "simulated": with_drawn}).items()
+                                       if not k.startswith("live_")},
                  # each stage model's mean batch: live, Triton's count of rows over executions (of the models
                  # loaded at the end, since their last load); simulated, over the batches each variant ran
                  # (retried ones too)
-                 "mean_batch": {"live": live_batches,
-                                "simulated": {v: round(float(np.mean(b)), 2) for v, b in simulated_batches.items()}}})
+                 "mean_batch": {"live": {m: s["mean_batch"] for m, s in live_stages.items() if m in models},
+                                "simulated": {v: round(float(np.mean(b)), 2) for v, b in simulated_batches.items()}},
+                 "stages": {"live": live_stages, "simulated": simulated_stages(pipeline, run_.result)},
+                 "frame_latency_ms": {
+                     "live_sidecar": p50_p99([f.sidecar_us / 1000 for f, ok in zip(frames, served) if ok]),
+                     "live_client": p50_p99([f.client_s * 1000 for f, ok in zip(frames, served) if ok]),
+                     "simulated": p50_p99(simulated_frame_ms(run_.result, ~np.isnan(run_.frames.accuracy)))}})
 
 
-def mean_batches(url: str, models: list[str]) -> dict[str, float]:
-    """Each of ``models`` loaded on the Triton at ``url``: the rows it ran per execution, from Triton's statistics."""
+def p50_p99(ms: list[float] | np.ndarray) -> list[float]:
+    return [round(float(np.percentile(ms, q)), 1) for q in (50, 99)] if len(ms) else []
+
+
+def simulated_frame_ms(result, frames: np.ndarray) -> np.ndarray:
+    """Each selected frame's latency in the simulation (``frames``: a mask over the frames, every query of each
+    served): from its arrival to the last answer of a query it created."""
+    end = result.finish_us.astype(np.int64).copy()
+    root = {}
+    for r in result.follow_ups:  # a follow-up comes after its parent: each finds its frame in one pass
+        frame = root.get(r.parent, r.parent)
+        root[r.query_id] = frame
+        end[frame] = max(end[frame], r.finish_us)
+    return ((end - result.arrival_us) / 1000)[frames]
+
+
+def simulated_stages(pipeline: Pipeline, result) -> dict[str, dict]:
+    """Per task, over its queries served: their count, their latency p50 and p99 (arrival at the task to answer) and
+    their mean wait (the latency less their variant's profiled p50 at their batch's size: the batch's time where the
+    simulation draws none other)."""
+    from scheduler_sidecar.core.records import Outcome  # lazy: only here
+    from scheduler_sidecar.sim.results import OUTCOME_CODES
+
+    served = {OUTCOME_CODES[Outcome.MET], OUTCOME_CODES[Outcome.LATE]}
+    rows: dict[str, list[tuple[float, float]]] = {}
+
+    def add(task: str, variant: str, arrival: int, finish: int, batch: int) -> None:
+        ms = (finish - arrival) / 1000
+        rows.setdefault(task, []).append((ms, ms - pipeline.variant(variant).latency.p50_at(batch)))
+
+    for i, v in enumerate(result.variant):
+        if v is not None and int(result.outcome[i]) in served:
+            add(pipeline.root.name, v, int(result.arrival_us[i]), int(result.finish_us[i]), int(result.batch_size[i]))
+    for r in result.follow_ups:
+        if r.variant_id is not None and r.outcome in (Outcome.MET, Outcome.LATE):
+            add(pipeline.task_of(r.variant_id).name, r.variant_id, r.arrival_us, r.finish_us, r.batch_size)
+    return {task: {"queries": len(v), "latency_ms": p50_p99([ms for ms, _ in v]),
+                   "mean_wait_ms": round(float(np.mean([w for _, w in v])), 1)} for task, v in rows.items()}
+
+
+def stage_stats(url: str, models: list[str]) -> dict[str, dict[str, float]]:
+    """Each of ``models`` loaded on the Triton at ``url`` that ran: the rows it ran per execution, a request's mean
+    wait in its queue and an execution's mean time (ms), from Triton's statistics (since its last load)."""
     import tritonclient.grpc as grpcclient  # lazy: gRPC
 
     client = grpcclient.InferenceServerClient(url)
@@ -99,13 +161,14 @@ def mean_batches(url: str, models: list[str]) -> dict[str, float]:
         stats = client.get_inference_statistics().model_stats
     finally:
         client.close()
-    rows: dict[str, list[int]] = {}
+    rows: dict[str, np.ndarray] = {}
     for s in stats:
         if s.name in models and s.execution_count:
-            rows.setdefault(s.name, [0, 0])
-            rows[s.name][0] += s.inference_count
-            rows[s.name][1] += s.execution_count
-    return {m: round(n / k, 2) for m, (n, k) in rows.items()}
+            compute_ns = sum(b.compute_infer.ns for b in s.batch_stats)
+            rows[s.name] = rows.get(s.name, 0) + np.array(
+                [s.inference_count, s.execution_count, s.inference_stats.queue.ns, compute_ns], dtype=np.int64)
+    return {m: {"mean_batch": round(n / k, 2), "mean_wait_ms": round(queue / n / 1e6, 1),
+                "mean_service_ms": round(compute / k / 1e6, 1)} for m, (n, k, queue, compute) in rows.items()}
 
 
 def planned_capacity(pipeline: Pipeline, instances: int) -> float:

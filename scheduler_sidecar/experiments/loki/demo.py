@@ -177,12 +177,17 @@ class Frame:
     right: int  # of those, found and labelled right
 
 
+def sent_scenes():
+    """The held-out scenes :func:`send` sends: frame i of a trace is scene i mod 300."""
+    return generate(300, "heldout", seed=21)
+
+
 async def send(url: str, arrivals_s, models: list[str], slo_ms: float) -> list[Frame]:
     """Send held-out scenes to the sidecar at ``url``, open loop, at ``arrivals_s`` (seconds from now); each
     frame's answer, in order."""
     from export.loki_models import match  # lazy: onnx, torch
 
-    scenes = generate(300, "heldout", seed=21)
+    scenes = sent_scenes()
     slo = {"slo_us": round(slo_ms * 1000)}
 
     def frame(a: Answer) -> Frame:
@@ -214,16 +219,21 @@ def arrivals(args) -> np.ndarray:
     return np.array(out)
 
 
-def simulate_beside(stamp: Path, args, arrival_s: np.ndarray, load_ms: list[float]):
+def simulate_beside(stamp: Path, args, arrival_s: np.ndarray, load_ms: list[float], *, own_fanout: bool = True):
     """The frames sent at ``arrival_s`` through Loki simulated as the sidecar runs it: its controller over
     ``args.instances`` workers (period, headroom and demand floor as the sidecar's config), the pipeline at the
-    emulated device's speed and the demo's SLO, a variant's load time the mean the sidecar measured."""
+    emulated device's speed and the demo's SLO, a variant's load time the mean the sidecar measured, and each frame's
+    own fan-out, the objects its detector finds in the scene :func:`send` sent (``own_fanout`` False: drawn from the
+    detector's mean, as a simulation of frames unknown)."""
+    from export.loki_models import frame_fanout  # lazy: onnxruntime
     from scheduler_sidecar.experiments.loki import systems  # lazy: highspy, pulp
 
     pipeline = replace(trained(stamp).scaled(args.slowdown), slo_ms=args.slo_ms)
     config = LokiConfig(period_s=args.period_s, headroom=args.headroom, min_demand_qps=1.0)
     setup = systems.Setup(pipeline, workers=args.instances, config=config,
-                          load_ms=float(np.mean(load_ms)) if load_ms else None)
+                          load_ms=float(np.mean(load_ms)) if load_ms else None,
+                          fanout="frames" if own_fanout else "poisson",
+                          frame_fanout=frame_fanout(stamp, sent_scenes().frames) if own_fanout else None)
     return systems.simulate(systems.SYSTEMS["loki"], setup, np.round(arrival_s * 1e6).astype(np.int64),
                             initial_demand_qps=0.0)
 

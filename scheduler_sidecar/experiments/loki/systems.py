@@ -9,12 +9,15 @@ metrics per frame (§6.1).
 
 A frame's fan-out is drawn per query: each child gets Poisson(fan-out of the served variant) queries (the
 artifact replays a per-frame detection trace that it does not publish); ``Setup(fanout="mean")`` gives each child
-exactly the fan-out, rounded, so that a run is deterministic end to end (the tests' second simulation).
+exactly the fan-out, rounded, so that a run is deterministic end to end (the tests' second simulation); and
+``Setup(fanout="frames", frame_fanout=...)`` gives each frame its own: the queries its detector's variant creates for
+that very frame (frame i of the trace is frame i mod n of the table), as a live run of the same frames does
+(``bench fidelity --system loki``). A query the table does not cover (another variant, a deeper stage) is drawn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -59,17 +62,22 @@ class Setup:
     budget: str = DEFAULT_BUDGET  # a task's latency budget (:mod:`.policy`): the artifact's 2 x l unless a run names another
     load_ms: float | None = None  # a variant swap's load time (digest A15); None: measured where known, else 0 (the artifact's)
     fail_at_s: tuple[float, ...] = ()  # one worker (the lowest id still healthy) fails at each time
-    fanout: str = "poisson"  # queries per child per query: "poisson" (drawn) or "mean" (the fan-out, rounded)
+    fanout: str = "poisson"  # queries per child per query: "poisson" (drawn), "mean" (the fan-out, rounded), "frames"
+    # fanout "frames": per root variant, each frame's queries per child (the module notes)
+    frame_fanout: Mapping[str, Sequence[Mapping[str, int]]] | None = None
     dequeue: str = DEFAULT_DEQUEUE  # what early dropping checks before a batch runs (:mod:`.policy`)
 
 
 class Fanout:
     """The simulator's result model for a pipeline: what each served query creates for the child tasks."""
 
-    def __init__(self, pipeline: Pipeline, *, split_slo: bool = False, seed: int = 0, draw: str = "poisson") -> None:
-        if draw not in ("poisson", "mean"):
-            raise ValueError(f"fan-out draw must be 'poisson' or 'mean', got {draw!r}")
-        self.pipeline, self.split_slo, self.draw = pipeline, split_slo, draw
+    def __init__(self, pipeline: Pipeline, *, split_slo: bool = False, seed: int = 0, draw: str = "poisson",
+                 frames: Mapping[str, Sequence[Mapping[str, int]]] | None = None) -> None:
+        if draw not in ("poisson", "mean", "frames"):
+            raise ValueError(f"fan-out draw must be 'poisson', 'mean' or 'frames', got {draw!r}")
+        if (draw == "frames") != bool(frames) or any(not table for table in (frames or {}).values()):
+            raise ValueError("fan-out 'frames' needs each frame's fan-out (frame_fanout), and only it takes one")
+        self.pipeline, self.split_slo, self.draw, self.frames = pipeline, split_slo, draw, frames or {}
         self.depth = max(len(pipeline.chain(t.name)) for t in pipeline.leaves)
         self.rng = np.random.default_rng(seed + 7919)
         self.root: dict[int, tuple[int, int]] = {}  # follow-up id -> (its frame's id, the frame's arrival)
@@ -79,10 +87,14 @@ class Fanout:
         if not variant.fanout:
             return BatchResult()
         out = []
+        own = self.frames.get(batch.variant_id)
         for q in batch.queries:
             frame, frame_arrival = self.root.get(q.id, (q.id, q.arrival_us))
+            counts = own[frame % len(own)] if own is not None and frame == q.id else None  # a frame's root query
             for child, mean in variant.fanout.items():
-                for _ in range(int(self.rng.poisson(mean)) if self.draw == "poisson" else round(mean)):
+                n = counts.get(child, 0) if counts is not None else \
+                    int(self.rng.poisson(mean)) if self.draw != "mean" else round(mean)
+                for _ in range(n):
                     qid = new_id()
                     self.root[qid] = (frame, frame_arrival)
                     deadline = q.deadline_us
@@ -157,7 +169,8 @@ def simulate(system: System, setup: Setup, arrival_us: np.ndarray, *, initial_de
     world = World(tuple(SimWorker(DEVICE, resident=frozenset()) for _ in range(setup.workers)), seed=seed,
                   load_ms=setup.load_ms, fail_at_s=setup.fail_at_s)
     slo_us = round(pipeline.slo_ms * 1000)
-    fanout = Fanout(pipeline, split_slo=system.planner == "proteus", seed=seed, draw=setup.fanout)
+    fanout = Fanout(pipeline, split_slo=system.planner == "proteus", seed=seed, draw=setup.fanout,
+                    frames=setup.frame_fanout)
     names = [t.name for t in pipeline.tasks]
     router = None
     if system.planner == "proteus":
