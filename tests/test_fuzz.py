@@ -5,7 +5,8 @@ replaced by arbitrary JSON or protobuf values, random and cut-off bodies, lying 
 but legal values (NaN pixels, the largest SLO allowed). Meanwhile a bystander sends well-formed
 requests without pause. Checked: every request gets an answer; an error is always an explicit
 client error (HTTP 4xx with a JSON ``error``, or INVALID_ARGUMENT / NOT_FOUND /
-RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED), never a 500 or UNKNOWN; a request that is certainly
+RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED), never a 500 or UNKNOWN (over HTTP, DEADLINE_EXCEEDED is a 504,
+accepted only for a well-formed request whose SLO is fuzzed or the model's default); a request that is certainly
 malformed is refused; every bystander request is answered; and afterwards the sidecar is ready,
 has marked no worker down and still answers. Oversized and stalled requests are tried too.
 """
@@ -245,6 +246,17 @@ def _http(sidecar, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         connection.close()
 
 
+def _deadline_may_bind(body: bytes, headers: dict[str, str]) -> bool:
+    """Whether a request's SLO may be missed on a busy machine: it is not at least the bystander's (a fuzzed value, or
+    none given: the model's default)."""
+    try:
+        header = body[:int(headers["Inference-Header-Content-Length"])] if headers else body
+        slo = json.loads(header)["parameters"]["slo_us"]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return True
+    return isinstance(slo, bool) or not isinstance(slo, (int, float)) or not slo >= GOOD_SLO_US
+
+
 def _healthy_after(sidecar) -> None:
     assert psutil.pid_exists(sidecar.pid)
     with urllib.request.urlopen(f"http://{sidecar.http_url}/v2/health/ready") as response:
@@ -270,6 +282,12 @@ def test_http_fuzz(sidecar):
     def one(case):
         body, headers, malformed = case
         status, reply = _http(sidecar, body, headers)
+        if status == 504 and not malformed and _deadline_may_bind(body, headers):
+            # HTTP's DEADLINE_EXCEEDED, which gRPC's fuzzing accepts too: a request whose SLO is fuzzed or the model's
+            # default may be dropped for it on a machine the other tests keep busy (never one with the bystander's SLO)
+            assert "deadline" in json.loads(reply)["error"], reply[:300]
+            seen["refused"] += 1
+            return
         assert status == 200 or 400 <= status < 500, (status, reply[:300])
         if status == 200:
             assert not malformed, body[:300]
