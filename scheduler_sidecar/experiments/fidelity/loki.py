@@ -13,8 +13,8 @@ Beside the scores, each stage's times (``stages``): live, each stage model's and
 request's mean wait in Triton's queue and a batch's mean time, from Triton's statistics (the models loaded at the
 end, since their last load; a BLS model's batch time is its whole pipeline's); simulated, each task's queries' latency
 p50 and p99 from their arrival at the task (a crop's arrival is its frame's detector batch's end) to their answer,
-their mean wait and each variant's mean batch. And the frames' latency p50 and p99, live in the sidecar's and the
-client's view and simulated.
+and their mean wait (each variant's mean batch, both sides, is ``mean_batch``). And the frames' latency p50 and p99,
+live in the sidecar's and the client's view and simulated.
 """
 
 from __future__ import annotations
