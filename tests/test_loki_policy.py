@@ -147,11 +147,12 @@ def test_each_frame_can_have_its_own_fanout() -> None:
     table = {v.id: [{c: (i + k + j) % 3 for k, c in enumerate(children)} for i in range(7)]
              for j, v in enumerate(pipeline.root.variants)}
     frames = _arrivals(60, 2)
+    # planned for 10x the frames sent: accuracy scaling spreads them over several detectors
     run = simulate(ABLATIONS["no dropping"], Setup(pipeline, fanout="frames", frame_fanout=table), frames,
-                   initial_demand_qps=60)
+                   initial_demand_qps=600)
     created = Counter((r.parent, r.query_type) for r in run.result.follow_ups if r.parent < len(frames))
     served = [(i, v) for i, v in enumerate(run.result.variant) if v is not None]
-    assert len(served) == len(frames) and len({v for _, v in served}) >= 1
+    assert len(served) == len(frames) and len({v for _, v in served}) >= 2
     assert all(created[i, c] == table[v][i % 7][c] for i, v in served for c in children)
     with pytest.raises(ValueError, match="frame_fanout"):
         simulate(ABLATIONS["no dropping"], Setup(pipeline, fanout="frames"), frames, initial_demand_qps=60)

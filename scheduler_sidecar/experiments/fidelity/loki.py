@@ -165,10 +165,14 @@ def stage_stats(url: str, models: list[str]) -> dict[str, dict[str, float]]:
     for s in stats:
         if s.name in models and s.execution_count:
             compute_ns = sum(b.compute_infer.ns for b in s.batch_stats)
+            # rows per execution from the inference count (one per row), the wait per request from the queue's own
+            # count (one per request: a BLS request carries several frames)
             rows[s.name] = rows.get(s.name, 0) + np.array(
-                [s.inference_count, s.execution_count, s.inference_stats.queue.ns, compute_ns], dtype=np.int64)
-    return {m: {"mean_batch": round(n / k, 2), "mean_wait_ms": round(queue / n / 1e6, 1),
-                "mean_service_ms": round(compute / k / 1e6, 1)} for m, (n, k, queue, compute) in rows.items()}
+                [s.inference_count, s.execution_count, s.inference_stats.queue.ns, s.inference_stats.queue.count,
+                 compute_ns], dtype=np.int64)
+    return {m: {"mean_batch": round(n / k, 2), "mean_wait_ms": round(queue / max(1, requests) / 1e6, 1),
+                "mean_service_ms": round(compute / k / 1e6, 1)}
+            for m, (n, k, queue, requests, compute) in rows.items()}
 
 
 def planned_capacity(pipeline: Pipeline, instances: int) -> float:
