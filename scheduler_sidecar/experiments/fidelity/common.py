@@ -102,8 +102,12 @@ def client_delay_ms(logs: list[RequestLog]) -> list[float]:
     lag and both ways over gRPC (a request is the client's from its scheduled arrival)."""
     delay = np.concatenate([log.column("latency_ms") - log.column("queue_ms") - log.column("service_ms")
                             for log in logs])
-    delay = delay[np.isfinite(delay)]
-    return [round(float(np.percentile(delay, q)), 1) for q in (50, 99)] if len(delay) else []
+    return p50_p99(delay[np.isfinite(delay)])
+
+
+def p50_p99(ms) -> list[float]:
+    """The p50 and p99 of ``ms``, to 0.1 ms; none of an empty sample."""
+    return [round(float(np.percentile(ms, q)), 1) for q in (50, 99)] if len(ms) else []
 
 
 def batch_ratios(log: RequestLog, profile: Profile) -> tuple[float, ...]:

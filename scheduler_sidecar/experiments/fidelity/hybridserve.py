@@ -50,6 +50,7 @@ from scheduler_sidecar.experiments.fidelity.common import (
     batch_ratios,
     client_delay_ms,
     gaps,
+    p50_p99,
     sidecar_view,
 )
 from scheduler_sidecar.experiments.hybridserve import demo
@@ -227,9 +228,6 @@ def _sidecar_answers(log: RequestLog) -> dict:
     met = latency <= log.column("slo_ms")
     answered = np.isfinite(latency)
     by = np.array([e.variant for e in log.entries])
-
-    def p50_p99(ms: np.ndarray) -> list[float]:
-        return [round(float(np.percentile(ms, q)), 1) for q in (50, 99)] if len(ms) else []
 
     return {"measured_accuracy": float(log.column("correct")[met].mean()) if met.any() else 0.0,
             "latency_ms": p50_p99(latency[answered]),

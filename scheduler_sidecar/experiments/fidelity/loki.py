@@ -29,7 +29,7 @@ import numpy as np
 
 from loadtest.traces import Trace
 from scheduler_sidecar.experiments.deployment import LOADED, Device, deploy
-from scheduler_sidecar.experiments.fidelity.common import BEYOND_REACH, Progress, default_trace, gaps
+from scheduler_sidecar.experiments.fidelity.common import BEYOND_REACH, Progress, default_trace, gaps, p50_p99
 from scheduler_sidecar.experiments.loki import demo as loki_demo
 from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.data import trained
@@ -109,10 +109,6 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                      "live_sidecar": p50_p99([f.sidecar_us / 1000 for f, ok in zip(frames, served) if ok]),
                      "live_client": p50_p99([f.client_s * 1000 for f, ok in zip(frames, served) if ok]),
                      "simulated": p50_p99(simulated_frame_ms(run_.result, ~np.isnan(run_.frames.accuracy)))}})
-
-
-def p50_p99(ms: list[float] | np.ndarray) -> list[float]:
-    return [round(float(np.percentile(ms, q)), 1) for q in (50, 99)] if len(ms) else []
 
 
 def simulated_frame_ms(result, frames: np.ndarray) -> np.ndarray:
