@@ -48,18 +48,29 @@ def error_response(message: str):
 
 
 def infer(model: str, x: np.ndarray, max_batch: int | None = None) -> np.ndarray:
-    """``model``'s LOGITS for ``x``, in batches of at most ``max_batch``; a copy, since a tensor's array may be a
-    view of the stub's shared memory, which it reuses on the next call (a test saw crops labelled from other
-    pixels). A failed call raises TritonModelException."""
-    out = []
-    for chunk in np.array_split(x, -(-len(x) // max_batch)) if max_batch else (x,):
-        request = pb_utils.InferenceRequest(model_name=model, requested_output_names=["LOGITS"],
-                                            inputs=[pb_utils.Tensor("INPUT", chunk.astype(np.float32))])
-        response = request.exec()
-        if response.has_error():
-            raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
-        out.append(pb_utils.get_output_tensor_by_name(response, "LOGITS").as_numpy().copy())
-    return np.concatenate(out)
+    """``model``'s LOGITS for ``x``, in batches of at most ``max_batch``. A failed call raises
+    TritonModelException."""
+    return np.concatenate([_logits(model, _request(model, chunk).exec())
+                           for chunk in (np.array_split(x, -(-len(x) // max_batch)) if max_batch else (x,))])
+
+
+async def infer_async(model: str, x: np.ndarray) -> np.ndarray:
+    """``model``'s LOGITS for ``x`` in one call, awaited (``async_exec``), so that an ``async def execute`` has
+    several stage calls in flight at once."""
+    return _logits(model, await _request(model, x).async_exec())
+
+
+def _request(model: str, x: np.ndarray):
+    return pb_utils.InferenceRequest(model_name=model, requested_output_names=["LOGITS"],
+                                     inputs=[pb_utils.Tensor("INPUT", x.astype(np.float32))])
+
+
+def _logits(model: str, response) -> np.ndarray:
+    """A response's LOGITS, copied: a tensor's array may be a view of the stub's shared memory, which it reuses on
+    the next call (a test saw crops labelled from other pixels)."""
+    if response.has_error():
+        raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
+    return pb_utils.get_output_tensor_by_name(response, "LOGITS").as_numpy().copy()
 
 
 def number(value: object) -> bool:

@@ -35,10 +35,14 @@ opportunistic rerouting, §5.2) says otherwise; exactly as in the simulator:
 - with ``last-task``, a crop whose classifier batch cannot finish in its frame's time left is dropped before
   that batch runs (its frame's ``left_ms`` minus the time this execution has taken).
 
-The crops of one classifier run in batches of its planned size, earliest deadline first. Not counted, as the
-simulator's workers run in parallel: this execution calls its stage models one after another, and the time
-between the sidecar sending a batch and this execution starting (network, Triton's queue) is in neither
-measure.
+The stages run as the pipeline allows (``async def execute``, ``async_exec``), as the simulator's workers do: an
+execution's detector batches are all in flight at once, as many of one detector as the plan runs instances of it,
+and each batch's crops are routed when its own result comes back. Then each classifier's crops run in batches of
+its planned size, earliest deadline first, again as many at once as it has planned instances. (Before, an
+execution called its stage models one after another: a frame of its second detector batch waited for the first.)
+Still unlike the simulator: a frame is answered with its request's other frames, after their last classifier
+batch, and the time between the sidecar sending a batch and this execution starting (network, Triton's queue) is
+in neither measure.
 
 Decision (the backups' spare capacity with several instances of this model): each instance is its own process,
 and Triton may run them all at once, so each takes an equal share, spare / instances per second. Together they
@@ -55,6 +59,7 @@ of its detector batches take that much longer, so a test can script an overrun o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -104,7 +109,7 @@ class TritonPythonModel:
         self.instances = sum(int(g.get("count", 1)) for g in config.config.get("instance_group", ())) or 1
         self._allowances: dict[str, Allowance] = {}  # the plan's backups (JSON) -> this instance's share
 
-    def execute(self, requests: list) -> list:
+    async def execute(self, requests: list) -> list:
         start = time.perf_counter()
         answers: list[list[Frame] | str] = []
         for request in requests:
@@ -113,7 +118,7 @@ class TritonPythonModel:
             except bls.REQUEST_ERRORS as exc:
                 answers.append(f"{type(exc).__name__}: {exc}")
         try:
-            self._run([f for a in answers if not isinstance(a, str) for f in a], start)
+            await self._run([f for a in answers if not isinstance(a, str) for f in a], start)
         except pb_utils.TritonModelException as exc:  # a stage model failed: every frame of the batch is told
             answers = [a if isinstance(a, str) else f"a pipeline stage failed: {exc}" for a in answers]
         return [bls.error_response(a) if isinstance(a, str) else self._response(a) for a in answers]
@@ -184,22 +189,26 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OBJECTS", objects),
                                                           pb_utils.Tensor("STATUS", status)])
 
-    def _run(self, frames: list[Frame], start: float) -> None:
+    async def _run(self, frames: list[Frame], start: float) -> None:
         by_detector: dict[tuple[str, int], list[Frame]] = {}  # (detector, its planned batch) -> frames
         for f in frames:
             f.detector = self._draw(f.plan["tables"]["frontend"]["detect"])
             by_detector.setdefault((f.detector, f.plan["batch"][f.detector]), []).append(f)
         queues: dict[tuple[str, int], list[Crop]] = {}  # (classifier, its planned batch) -> the crops sent there
-        for (detector, batch), group in by_detector.items():
-            for chunk in chunks(group, batch):
-                heat = bls.infer(detector, np.stack([f.pixels for f in chunk]))
+        slots: dict[str, asyncio.Semaphore] = {}  # a stage model -> its planned instances, as this execution's workers
+
+        async def detect(detector: str, chunk: list[Frame]) -> None:
+            async with _slots(slots, detector, chunk[0].plan):
+                heat = await bls.infer_async(detector, np.stack([f.pixels for f in chunk]))
                 if self.scripted:
-                    time.sleep(max(f.delay_ms for f in chunk) / 1000)
-                inside_ms = (time.perf_counter() - start) * 1000
-                for f, h in zip(chunk, heat):
-                    self._route(f, h, f.waited_ms + inside_ms, queues)
-        for (model, batch), queue in queues.items():
-            self._classify(model, batch, queue, start)
+                    await asyncio.sleep(max(f.delay_ms for f in chunk) / 1000)
+            inside_ms = (time.perf_counter() - start) * 1000
+            for f, h in zip(chunk, heat):
+                self._route(f, h, f.waited_ms + inside_ms, queues)
+
+        await _all(detect(detector, chunk) for (detector, batch), group in by_detector.items()
+                   for chunk in chunks(group, batch))
+        await _all(self._classify(model, batch, queue, start, slots) for (model, batch), queue in queues.items())
 
     def _route(self, frame: Frame, heatmap: np.ndarray, hop_ms: float, queues: dict) -> None:
         """Send each crop of ``frame`` to its classifier's queue, or drop it (the shared rule)."""
@@ -227,11 +236,27 @@ class TritonPythonModel:
             queues.setdefault((model, plan["batch"][model]), []).append(
                 Crop(frame, det, patch, choice is Choice.REROUTED))
 
-    def _classify(self, model: str, batch: int, queue: list[Crop], start: float) -> None:
-        """Run ``model`` on its crops, earliest deadline first, in batches of ``batch``; with last-task dropping, the
-        crops at the head that its batch cannot finish in time are dropped first."""
+    async def _classify(self, model: str, batch: int, queue: list[Crop], start: float,
+                        slots: dict[str, asyncio.Semaphore]) -> None:
+        """Run ``model`` on its crops, earliest deadline first, in batches of ``batch``, as many at once as it has
+        planned instances; with last-task dropping, the crops at the head that its next batch cannot finish in time
+        are dropped when an instance is free for it."""
         queue = sorted(queue, key=lambda c: c.frame.left_ms)
+        slot = _slots(slots, model, queue[0].frame.plan)
+        running = []
+
+        async def label(chunk: list[Crop]) -> None:
+            try:
+                labels = (await bls.infer_async(model, np.stack([c.patch for c in chunk]))).argmax(axis=1)
+            finally:
+                slot.release()
+            for c, label in zip(chunk, labels):
+                row, col, kind = (int(v) for v in c.detection)
+                c.frame.objects.append({"row": row, "col": col, "kind": kind, "label": int(label), "model": model,
+                                        "rerouted": c.rerouted})
+
         while queue:
+            await slot.acquire()
             elapsed_ms = (time.perf_counter() - start) * 1000
             while queue and queue[0].frame.plan.get("drop") == "last-task" and \
                     too_late(queue[0].frame.left_ms - elapsed_ms, queue[0].frame.plan["exec_ms"][model]):
@@ -239,12 +264,10 @@ class TritonPythonModel:
                 self._drop(crop.frame, crop.detection, "last-task: the classifier cannot finish within the SLO")
             chunk, queue = queue[:batch], queue[batch:]
             if not chunk:
+                slot.release()
                 break
-            labels = bls.infer(model, np.stack([c.patch for c in chunk])).argmax(axis=1)
-            for c, label in zip(chunk, labels):
-                row, col, kind = (int(v) for v in c.detection)
-                c.frame.objects.append({"row": row, "col": col, "kind": kind, "label": int(label), "model": model,
-                                        "rerouted": c.rerouted})
+            running.append(asyncio.ensure_future(label(chunk)))
+        await _all(running)
 
     @staticmethod
     def _drop(frame: Frame, detection: np.ndarray, reason: str) -> None:
@@ -286,6 +309,22 @@ def per_row(options: dict, key: str, rows: int, default: float, worst: Callable[
     if len(values) < rows:
         raise ValueError(f"{key} has {len(values)} numbers for {rows} frames")
     return [float(v) for v in values] if len(values) == rows else [float(worst(values))] * rows
+
+
+def _slots(slots: dict[str, asyncio.Semaphore], model: str, plan: dict) -> asyncio.Semaphore:
+    """``model``'s calls in flight from this execution: at most the instances the plan runs of it (1 where it says
+    none), so that a batch is sent, and last-task's check made, when an instance of it is free, as the simulator
+    starts a batch when a worker is."""
+    if model not in slots:
+        slots[model] = asyncio.Semaphore(plan.get("instances", {}).get(model, 1))
+    return slots[model]
+
+
+async def _all(calls) -> None:
+    """Await every call, then raise the first failure: none is left running when the execution answers."""
+    failures = [r for r in await asyncio.gather(*calls, return_exceptions=True) if isinstance(r, BaseException)]
+    if failures:
+        raise failures[0]
 
 
 def chunks(items: list, size: int) -> list[list]:

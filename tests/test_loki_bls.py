@@ -136,6 +136,27 @@ def test_per_task_drops_an_overrun_and_none_serves_it(server, frames, mode, serv
     assert any(o["outcome"] == "dropped" for o in answer["objects"]) is not served
 
 
+@pytest.mark.parametrize("detectors, second", [(1, "dropped"), (2, "served")])
+def test_detector_batches_run_at_once_up_to_the_planned_instances(server, frames, detectors, second):
+    """Two frames, a detector batch each, each batch 600 ms long (scripted), a budget of 900 ms: with one instance
+    planned, the second batch starts after the first and its frame overruns (per-task drops it); with two, both
+    run at once and both frames are within budget. The margins, 300 ms each way, are the BLS's own time."""
+    plan = {**PLAN, "drop": "per-task", "budget_ms": {"loki_detect_cc": 900.0},
+            "batch": {**PLAN["batch"], "loki_detect_cc": 1},
+            "instances": {**PLAN["instances"], "loki_detect_cc": detectors}}
+    answers = _send(server, frames[:2], loki_plan=plan, detect_delay_ms=600)
+    assert sorted(a["status"] for a in answers) == sorted(["served", second])
+
+
+def test_the_stage_models_form_no_batches_of_their_own(server):
+    """The BLS forms each stage's batches at the plan's sizes: Triton's batcher, which would merge those in
+    flight together beyond them, is off for every stage model."""
+    _, repo = server
+    for model in MODELS:
+        assert "dynamic_batching" not in (repo / model / "config.pbtxt").read_text(), model
+    assert "dynamic_batching" in (repo / BLS / "config.pbtxt").read_text()
+
+
 def test_a_frame_that_waited_in_the_sidecar_is_over_budget_though_the_bls_was_quick(server, frames):
     """The hop is measured from each frame's arrival at the sidecar: of two frames in one batch, the one that had
     waited 70 ms (20 over the detector's budget) is rerouted, the other goes where the table says."""
