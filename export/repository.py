@@ -135,7 +135,7 @@ def write_model(repository: Path, name: str, model: onnx.ModelProto | None, inpu
 
 def write_loki_pipeline(repository: Path, name: str, plan: dict, models: list[str], *, max_batch_size: int = 32,
                         instances: int = 1, scripted_delays: bool = False) -> Path:
-    """The Loki pipeline's BLS model (:mod:`python_backend.loki_bls`): FRAME [1, 64, 64] -> OBJECTS, STATUS, with
+    """The Loki pipeline's BLS model (:mod:`python_backend.loki_bls`): FRAME [1, 64, 64] -> OBJECTS, STATUS, STAGE_MS, with
     ``plan`` as its default plan and ``models`` the stage models its answers index.
 
     The stage models in ``repository`` lose Triton's dynamic batcher: the BLS forms each stage's batches at the
@@ -155,7 +155,8 @@ max_batch_size: {max_batch_size}
 input [ {{ name: "FRAME" data_type: TYPE_FP32 dims: [ 1, 64, 64 ] }} ]
 output [
   {{ name: "OBJECTS" data_type: TYPE_INT32 dims: [ {MAX_OBJECTS}, 6 ] }},
-  {{ name: "STATUS" data_type: TYPE_INT32 dims: [ 4 ] }}
+  {{ name: "STATUS" data_type: TYPE_INT32 dims: [ 4 ] }},
+  {{ name: "STAGE_MS" data_type: TYPE_FP32 dims: [ 2 ] }}
 ]
 dynamic_batching {{ max_queue_delay_microseconds: 0 }}
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]

@@ -4,7 +4,10 @@ Input ``FRAME`` [1, 64, 64]. Outputs, fixed-size so that the sidecar relays them
 ``OBJECTS`` INT32 [MAX_OBJECTS, 6], one row per detection (row, col, kind, label, model, outcome), unused rows -1:
 kind 0 a digit, 1 a shape; label -1 when dropped; model an index into the config parameter ``models``
 (a JSON list); outcome 0 routed by the table, 1 rerouted, 2 dropped. ``STATUS`` INT32 [4]: (0 served or 1
-dropped, the detector's model index, the plan's version, the stage-model instances the plan runs).
+dropped, the detector's model index, the plan's version, the stage-model instances the plan runs). ``STAGE_MS``
+FP32 [2]: when the frame's detector batch came back and when its last crop was labelled (the detector's time where
+it had none), each in ms since the frame's arrival at the sidecar (its ``waited_ms`` plus this execution's time):
+where a frame's time goes, stage by stage, beside the simulator's.
 
 The plan comes with each request as the parameter ``loki_plan`` (a JSON object; the sidecar sends the load
 balancer's tables) or, without one, from ``plan.json`` beside this file (written by the deployment). A plan has::
@@ -87,6 +90,8 @@ class Frame:
     left_ms: float  # math.inf: no deadline given
     delay_ms: float  # scripted (the test hook)
     detector: str = ""
+    detected_ms: float = 0.0  # since its arrival at the sidecar, when its detector batch came back
+    done_ms: float = 0.0  # ... when its last crop was labelled
     objects: list[dict] = field(default_factory=list)
     dropped: list[dict] = field(default_factory=list)
 
@@ -186,8 +191,10 @@ class TritonPythonModel:
                 objects[i, :min(len(rows), MAX_OBJECTS)] = rows[:MAX_OBJECTS]
             status[i] = (bool(f.dropped), self.index.get(f.detector, -1), f.plan.get("version") or 0,
                          sum(f.plan.get("instances", {}).values()))
+        stage_ms = np.array([(f.detected_ms, f.done_ms) for f in frames], np.float32).reshape(-1, 2)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OBJECTS", objects),
-                                                          pb_utils.Tensor("STATUS", status)])
+                                                          pb_utils.Tensor("STATUS", status),
+                                                          pb_utils.Tensor("STAGE_MS", stage_ms)])
 
     async def _run(self, frames: list[Frame], start: float) -> None:
         by_detector: dict[tuple[str, int], list[Frame]] = {}  # (detector, its planned batch) -> frames
@@ -204,7 +211,8 @@ class TritonPythonModel:
                     await asyncio.sleep(max(f.delay_ms for f in chunk) / 1000)
             inside_ms = (time.perf_counter() - start) * 1000
             for f, h in zip(chunk, heat):
-                self._route(f, h, f.waited_ms + inside_ms, queues)
+                f.detected_ms = f.done_ms = f.waited_ms + inside_ms
+                self._route(f, h, f.detected_ms, queues)
 
         await _all(detect(detector, chunk) for (detector, batch), group in by_detector.items()
                    for chunk in chunks(group, batch))
@@ -250,7 +258,9 @@ class TritonPythonModel:
                 labels = (await bls.infer_async(model, np.stack([c.patch for c in chunk]))).argmax(axis=1)
             finally:
                 slot.release()
+            inside_ms = (time.perf_counter() - start) * 1000
             for c, label in zip(chunk, labels):
+                c.frame.done_ms = max(c.frame.done_ms, c.frame.waited_ms + inside_ms)
                 row, col, kind = (int(v) for v in c.detection)
                 c.frame.objects.append({"row": row, "col": col, "kind": kind, "label": int(label), "model": model,
                                         "rerouted": c.rerouted})

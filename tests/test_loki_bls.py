@@ -95,7 +95,7 @@ def _send(server, frames: np.ndarray, **params) -> list[dict]:
     x.set_data_from_numpy(frames)
     result = client.infer(BLS, [x], parameters={k: json.dumps(v) if isinstance(v, (dict, list)) else v
                                                 for k, v in params.items()})
-    return read_answers(result.as_numpy("OBJECTS"), result.as_numpy("STATUS"), MODELS)
+    return read_answers(result.as_numpy("OBJECTS"), result.as_numpy("STATUS"), MODELS, result.as_numpy("STAGE_MS"))
 
 
 def _kinds(frame: np.ndarray) -> Counter:
@@ -146,6 +146,11 @@ def test_detector_batches_run_at_once_up_to_the_planned_instances(server, frames
             "instances": {**PLAN["instances"], "loki_detect_cc": detectors}}
     answers = _send(server, frames[:2], loki_plan=plan, detect_delay_ms=600)
     assert sorted(a["status"] for a in answers) == sorted(["served", second])
+    # each frame says when its detector batch came back: the second batch's after both batches' 600 ms with one
+    # instance, after its own with two
+    first, last = sorted(a["detected_ms"] for a in answers)
+    assert first >= 600 and last >= 600 * (3 - detectors)
+    assert all(a["detected_ms"] <= a["done_ms"] for a in answers)
 
 
 def test_the_stage_models_form_no_batches_of_their_own(server):
@@ -163,6 +168,10 @@ def test_a_frame_that_waited_in_the_sidecar_is_over_budget_though_the_bls_was_qu
     fresh, waited = _send(server, frames[:2], loki_plan=PLAN, waited_ms=[0.0, 70.0])
     assert {o["outcome"] for o in fresh["objects"]} == {"table"}
     assert {o["outcome"] for o in waited["objects"]} == {"rerouted"}
+    # its stage times count from its arrival at the sidecar too: its detector's result came at least 70 ms after it,
+    # and its last label after that
+    assert waited["detected_ms"] >= 70.0 and waited["done_ms"] >= waited["detected_ms"]
+    assert 0 < fresh["detected_ms"] < waited["detected_ms"] and fresh["done_ms"] >= fresh["detected_ms"]
 
 
 def test_a_backup_without_allowance_is_not_used(server, frames):

@@ -160,7 +160,11 @@ def test_the_loki_demo_answers_every_frame_and_scales_hardware_then_accuracy_in_
     assert all(r["detectors"] for r in rows if int(r["met"]))
     # the same frames simulated beside the live run, window by window, and the summary's verdict on the burst
     assert all(0 <= int(r["sim_met"]) <= int(r["sent"]) for r in rows) and sum(int(r["sim_met"]) for r in rows) > 0
-    assert "Simulated beside it:" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "Simulated beside it:" in summary
+    # where a served frame's time went, stage by stage, on both sides
+    table = summary[summary.index("Where a served frame's time went"):]
+    assert "| live |" in table and "| simulated |" in table
 
 
 @pytest.mark.slow
@@ -193,6 +197,13 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
         assert -0.1 <= task["mean_wait_ms"] <= task["latency_ms"][1]
     for side, (p50, p99) in result["frame_latency_ms"].items():
         assert 0 < p50 <= p99, side
+    # a served frame's time by stage, from its arrival at the sidecar: each stage's p50 <= p99, a frame simulated is
+    # answered with its last crop, and live the three stages add up to no more than the frame's p99
+    for side, table in result["frame_stages"].items():
+        assert list(table) == ["detect", "classify", "answer"], side
+        assert all(0 <= p50 <= p99 for p50, p99 in table.values()), side
+    assert result["frame_stages"]["simulated"]["answer"] == [0.0, 0.0]
+    assert result["frame_stages"]["live"]["detect"][0] <= result["frame_latency_ms"]["live_sidecar"][1]
     # the same simulation with each frame's fan-out drawn (its detector's mean), its gaps beside
     drawn = result["with_drawn_fanout"]
     assert set(drawn["attainment_gap_pts"]) == set(drawn["accuracy_gap_pts"]) == {"client", "sidecar"}

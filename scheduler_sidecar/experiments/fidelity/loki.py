@@ -14,7 +14,8 @@ request's mean wait in Triton's queue and a batch's mean time, from Triton's sta
 end, since their last load; a BLS model's batch time is its whole pipeline's); simulated, each task's queries' latency
 p50 and p99 from their arrival at the task (a crop's arrival is its frame's detector batch's end) to their answer,
 and their mean wait (each variant's mean batch, both sides, is ``mean_batch``). And the frames' latency p50 and p99,
-live in the sidecar's and the client's view and simulated.
+live in the sidecar's and the client's view and simulated, and how it divides among the stages of a served frame
+(``frame_stages``, :mod:`scheduler_sidecar.experiments.loki.stages`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from loadtest.traces import Trace
 from scheduler_sidecar.experiments.deployment import LOADED, Device, deploy
 from scheduler_sidecar.experiments.fidelity.common import BEYOND_REACH, Progress, default_trace, gaps, p50_p99
 from scheduler_sidecar.experiments.loki import demo as loki_demo
+from scheduler_sidecar.experiments.loki import stages
 from scheduler_sidecar.systems.loki import milp
 from scheduler_sidecar.systems.loki.data import trained
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
@@ -108,19 +110,11 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                  "frame_latency_ms": {
                      "live_sidecar": p50_p99([f.sidecar_us / 1000 for f, ok in zip(frames, served) if ok]),
                      "live_client": p50_p99([f.client_s * 1000 for f, ok in zip(frames, served) if ok]),
-                     "simulated": p50_p99(simulated_frame_ms(run_.result, ~np.isnan(run_.frames.accuracy)))}})
-
-
-def simulated_frame_ms(result, frames: np.ndarray) -> np.ndarray:
-    """Each selected frame's latency in the simulation (``frames``: a mask over the frames, every query of each
-    served): from its arrival to the last answer of a query it created."""
-    end = result.finish_us.astype(np.int64).copy()
-    root = {}
-    for r in result.follow_ups:  # a follow-up comes after its parent: each finds its frame in one pass
-        frame = root.get(r.parent, r.parent)
-        root[r.query_id] = frame
-        end[frame] = max(end[frame], r.finish_us)
-    return ((end - result.arrival_us) / 1000)[frames]
+                     "simulated": p50_p99(stages.frame_ms(run_.result, ~np.isnan(run_.frames.accuracy)))},
+                 "frame_stages": {
+                     "live": stages.live([f.answer for f, ok in zip(frames, served) if ok],
+                                         [f.sidecar_us / 1000 for f, ok in zip(frames, served) if ok]),
+                     "simulated": stages.simulated(run_.result, ~np.isnan(run_.frames.accuracy))}})
 
 
 def simulated_stages(pipeline: Pipeline, result) -> dict[str, dict]:

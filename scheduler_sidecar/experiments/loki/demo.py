@@ -20,9 +20,10 @@ per-task policies over as many workers as the budget, the pipeline at the emulat
 the sidecar measured), so the report shows whether live met the burst as the simulator says it should.
 Written to --out: ``windows.csv`` and ``summary.md``.
 
-What the plans do not see: the BLS model runs a batch's stages one after the other, so its own instances
-(BLS_INSTANCES, the sidecar's slots on the server) bound the frame batches in flight, and the client, the
-sidecar and Triton share this machine.
+What the plans do not see: the BLS model answers a batch of frames when its last frame's crops are labelled, so its
+own instances (BLS_INSTANCES, the sidecar's slots on the server) bound the frame batches in flight, and the client,
+the sidecar and Triton share this machine. The summary says where a served frame's time went, stage by stage, live
+and simulated (:mod:`~scheduler_sidecar.experiments.loki.stages`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from scheduler_sidecar.core.plan import Demand
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.errors import ConfigError
 from scheduler_sidecar.experiments.deployment import LOADED, Answer, Device, Request, deploy, open_loop
+from scheduler_sidecar.experiments.loki import stages
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.loki.data import trained
 from scheduler_sidecar.systems.loki.live import LivePlanner
@@ -140,16 +142,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"sidecar at {sidecar.grpc_url}, Triton at {triton.grpc_url} (x{args.slowdown:g})")
         best = {v.id for t in trained(stamp).tasks for v in t.variants if v.accuracy == t.variants[0].accuracy}
         arrival_s = arrivals(args)
-        rows = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, best, arrival_s, args))
+        rows, frames = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, best, arrival_s, args))
         log = sidecar.log_path.read_text()
         (out / "sidecar.log").write_text(log)
     load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
-    sim = simulate_beside(stamp, args, arrival_s, load_ms).frames
+    simulated = simulate_beside(stamp, args, arrival_s, load_ms)
+    sim = simulated.frames
     window = (sim.arrival_us // round(args.window_s * 1e6)).astype(np.int64)
     met = Counter(window[sim.met].tolist())
     for r in rows:
         r["sim_met"] = met[round(r["window_s"] / args.window_s)]
-    write(out, rows, args)
+    served = [f for f in frames if f.answer is not None and f.answer["status"] == "served"]
+    by_stage = {"live": stages.live([f.answer for f in served], [f.sidecar_us / 1000 for f in served]),
+                "simulated": stages.simulated(simulated.result, ~np.isnan(sim.accuracy))}
+    write(out, rows, args, by_stage)
     return 0
 
 
@@ -195,7 +201,8 @@ async def send(url: str, arrivals_s, models: list[str], slo_ms: float) -> list[F
         if a.result is None:
             return Frame(a.sent_s, None, a.latency_s, 0, len(objects), 0)
         params = a.result.get_response().parameters
-        (answer,) = read_answers(a.result.as_numpy("OBJECTS"), a.result.as_numpy("STATUS"), models)
+        (answer,) = read_answers(a.result.as_numpy("OBJECTS"), a.result.as_numpy("STATUS"), models,
+                                 a.result.as_numpy("STAGE_MS"))
         found = np.array([[o["row"], o["col"], o["kind"]] for o in answer["objects"]]).reshape(-1, 3)
         hits = match(found, objects)
         labels = [answer["objects"][h]["label"] for h in hits if h >= 0]
@@ -239,9 +246,9 @@ def simulate_beside(stamp: Path, args, arrival_s: np.ndarray, load_ms: list[floa
 
 
 async def drive(url: str, triton_url: str, models: list[str], best: set[str], arrival_s: np.ndarray,
-                args) -> list[dict]:
-    """Send the frames to the sidecar at ``url`` at ``arrival_s``; per window, what came back, and what the
-    Triton at ``triton_url`` had loaded at its end. ``best``: each task's most accurate variants."""
+                args) -> tuple[list[dict], list[Frame]]:
+    """Send the frames to the sidecar at ``url`` at ``arrival_s``: per window, what came back, and what the
+    Triton at ``triton_url`` had loaded at its end; and each frame. ``best``: each task's most accurate variants."""
     import tritonclient.grpc.aio as aioclient  # gRPC: not for `accscale --help`
 
     loaded: dict[int, int] = {}  # window -> the stage-model instances Triton had loaded at its end
@@ -287,7 +294,7 @@ async def drive(url: str, triton_url: str, models: list[str], best: set[str], ar
                      "rerouted": s["rerouted"],
                      "detectors": " ".join(f"{d.removeprefix('loki_detect_')}:{n}"
                                            for d, n in detectors[w].most_common())})
-    return rows
+    return rows, frames
 
 
 async def loaded_instances(triton, models: list[str]) -> int:
@@ -309,7 +316,13 @@ def released(rows: list[dict], duration_s: float) -> tuple[int, int, int]:
     return before[-1] if before else 0, max(burst, default=0), after[-1] if after else 0
 
 
-def write(out: Path, rows: list[dict], args) -> None:
+def stage_rows(by_stage: dict[str, dict[str, list[float]]]) -> list[dict]:
+    """One row per side: each stage's p50 / p99, or "-" where no frame was served."""
+    return [{"side": side, **{k: " / ".join(f"{v:g}" for v in ms) or "-" for k, ms in table.items()}}
+            for side, table in by_stage.items()]
+
+
+def write(out: Path, rows: list[dict], args, by_stage: dict[str, dict[str, list[float]]]) -> None:
     write_rows(rows, out / "windows.csv")
     total = {k: sum(r[k] for r in rows) for k in ("sent", "met", "dropped", "late", "refused", "rerouted")}
     before, burst, after = released(rows, args.duration_s)
@@ -321,8 +334,7 @@ def write(out: Path, rows: list[dict], args) -> None:
                + ", ".join(f"{v} {k}" for k, v in short.items())
                + " (refused: the sidecar dropped them before the pipeline ran, having too little time left for "
                  "its slowest path; dropped: by the pipeline, a crop past its task's budget with no backup to take "
-                 "it, where the BLS model runs a batch's stages one after another and the simulated workers run in "
-                 "parallel; late: answered after the SLO)")
+                 "it, its wait in the sidecar and the detector's queue counted; late: answered after the SLO)")
     summary = (f"# Loki live demo\n\n{args.base_qps:g} frames/s, {args.burst_qps:g} in the middle third, SLO "
                f"{args.slo_ms:g} ms, {args.duration_s:g} s; stage models emulated x{args.slowdown:g}; a budget of "
                f"{args.instances} instances.\n\n"
@@ -330,6 +342,9 @@ def write(out: Path, rows: list[dict], args) -> None:
                f"Instances in use (the plans'): {before} before the burst, up to {burst} in it, {after} at the end: "
                f"{burst - after} released in the quiet period.\n\n"
                f"Simulated beside it: {sum(r['sim_met'] for r in rows)} of {total['sent']} met. In the burst live met "
-               f"{live} frames, the simulation {sim}: {verdict}.\n\n" + markdown_table(rows, list(rows[0])) + "\n")
+               f"{live} frames, the simulation {sim}: {verdict}.\n\n" + markdown_table(rows, list(rows[0])) + "\n\n"
+               "Where a served frame's time went, from its arrival at the sidecar, ms (p50 / p99; detect: to its "
+               "detector's result, classify: then to its last label, answer: then to the sidecar's answer):\n\n"
+               + markdown_table(stage_rows(by_stage), ["side", *stages.STAGES]) + "\n")
     (out / "summary.md").write_text(summary)
     print(summary)

@@ -1,0 +1,52 @@
+"""Where a served frame's time goes in Loki's pipeline, stage by stage, live and simulated, each from the frame's
+arrival at the sidecar:
+
+- ``detect``: to its detector batch's result (live, the wait in the sidecar and in Triton's queue, then the batch);
+- ``classify``: from there to its last crop's label (0 for a frame with no crop);
+- ``answer``: from there to the sidecar's answer. Live, a frame is answered with its request's other frames after
+  their last label too, so this is the time it is held for them, and the way back to the sidecar; simulated, a
+  frame is answered when its last crop is, so it is 0.
+
+Live, from the BLS model's ``STAGE_MS`` output (:mod:`python_backend.loki_bls`) and the sidecar's own latency;
+simulated, from each frame's root query and the follow-ups it created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from scheduler_sidecar.experiments.fidelity.common import p50_p99
+
+STAGES = ("detect", "classify", "answer")
+
+
+def live(answers: Sequence[dict], sidecar_ms: Sequence[float]) -> dict[str, list[float]]:
+    """Each stage's p50 and p99 (ms) over the frames ``answers`` (``read_answers``' dicts with ``detected_ms`` and
+    ``done_ms``) that the sidecar answered in ``sidecar_ms``."""
+    detected = np.array([a["detected_ms"] for a in answers])
+    done = np.array([a["done_ms"] for a in answers])
+    return _table(detected, done, np.asarray(sidecar_ms, float))
+
+
+def simulated(result, frames: np.ndarray) -> dict[str, list[float]]:
+    """The same over the selected frames of a Loki simulation's ``result`` (``frames``: a mask over its frames)."""
+    detected = ((result.finish_us - result.arrival_us) / 1000)[frames]
+    done = frame_ms(result, frames)
+    return _table(detected, done, done)
+
+
+def frame_ms(result, frames: np.ndarray) -> np.ndarray:
+    """Each selected frame's latency in the simulation: from its arrival to the last answer of a query it created."""
+    end = result.finish_us.astype(np.int64).copy()
+    root = {}
+    for r in result.follow_ups:  # a follow-up comes after its parent: each finds its frame in one pass
+        frame = root.get(r.parent, r.parent)
+        root[r.query_id] = frame
+        end[frame] = max(end[frame], r.finish_us)
+    return ((end - result.arrival_us) / 1000)[frames]
+
+
+def _table(detected: np.ndarray, done: np.ndarray, answered: np.ndarray) -> dict[str, list[float]]:
+    return dict(zip(STAGES, (p50_p99(detected), p50_p99(done - detected), p50_p99(answered - done))))
