@@ -156,7 +156,7 @@ input [ {{ name: "FRAME" data_type: TYPE_FP32 dims: [ 1, 64, 64 ] }} ]
 output [
   {{ name: "OBJECTS" data_type: TYPE_INT32 dims: [ {MAX_OBJECTS}, 6 ] }},
   {{ name: "STATUS" data_type: TYPE_INT32 dims: [ 4 ] }},
-  {{ name: "STAGE_MS" data_type: TYPE_FP32 dims: [ 2 ] }}
+  {{ name: "STAGE_MS" data_type: TYPE_FP32 dims: [ 3 ] }}
 ]
 dynamic_batching {{ max_queue_delay_microseconds: 0 }}
 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]

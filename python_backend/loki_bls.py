@@ -5,9 +5,9 @@ Input ``FRAME`` [1, 64, 64]. Outputs, fixed-size so that the sidecar relays them
 kind 0 a digit, 1 a shape; label -1 when dropped; model an index into the config parameter ``models``
 (a JSON list); outcome 0 routed by the table, 1 rerouted, 2 dropped. ``STATUS`` INT32 [4]: (0 served or 1
 dropped, the detector's model index, the plan's version, the stage-model instances the plan runs). ``STAGE_MS``
-FP32 [2]: when the frame's detector batch came back and when its last crop was labelled (the detector's time where
-it had none), each in ms since the frame's arrival at the sidecar (its ``waited_ms`` plus this execution's time):
-where a frame's time goes, stage by stage, beside the simulator's.
+FP32 [3]: when the sidecar sent the frame (its ``waited_ms``), when its detector batch came back and when its last
+crop was labelled (the detector's time where it had none), each in ms since the frame's arrival at the sidecar (its
+``waited_ms`` plus this execution's time): where a frame's time goes, stage by stage, beside the simulator's.
 
 The plan comes with each request as the parameter ``loki_plan`` (a JSON object; the sidecar sends the load
 balancer's tables) or, without one, from ``plan.json`` beside this file (written by the deployment). A plan has::
@@ -191,7 +191,7 @@ class TritonPythonModel:
                 objects[i, :min(len(rows), MAX_OBJECTS)] = rows[:MAX_OBJECTS]
             status[i] = (bool(f.dropped), self.index.get(f.detector, -1), f.plan.get("version") or 0,
                          sum(f.plan.get("instances", {}).values()))
-        stage_ms = np.array([(f.detected_ms, f.done_ms) for f in frames], np.float32).reshape(-1, 2)
+        stage_ms = np.array([(f.waited_ms, f.detected_ms, f.done_ms) for f in frames], np.float32).reshape(-1, 3)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OBJECTS", objects),
                                                           pb_utils.Tensor("STATUS", status),
                                                           pb_utils.Tensor("STAGE_MS", stage_ms)])

@@ -73,8 +73,9 @@ def read_answers(objects: np.ndarray, status: np.ndarray, models: list[str], sta
                  ) -> list[dict]:
     """The pipeline model's OBJECTS [N, MAX_OBJECTS, 6] and STATUS [N, 4] as one dict per frame: ``status``
     ("served" or "dropped"), ``detector``, ``plan`` (its version), ``instances`` (the stage-model instances that
-    plan runs) and ``objects`` (row, col, kind, label, model, outcome); with its STAGE_MS [N, 2], ``detected_ms``
-    and ``done_ms`` too (since the frame's arrival at the sidecar: its detector's result, its last label)."""
+    plan runs) and ``objects`` (row, col, kind, label, model, outcome); with its STAGE_MS [N, 3], ``sent_ms``,
+    ``detected_ms`` and ``done_ms`` too (since the frame's arrival at the sidecar: the sidecar sent it to the
+    pipeline, its detector's result, its last label)."""
     out = []
     for i, (rows, (dropped, detector, plan, instances)) in enumerate(zip(objects, status)):
         out.append({"status": "dropped" if dropped else "served",
@@ -84,5 +85,5 @@ def read_answers(objects: np.ndarray, status: np.ndarray, models: list[str], sta
                                  "model": models[m] if m >= 0 else None, "outcome": OUTCOMES[o]}
                                 for r, c, k, label, m, o in rows if o >= 0]})
         if stage_ms is not None:
-            out[-1]["detected_ms"], out[-1]["done_ms"] = (float(v) for v in stage_ms[i])
+            out[-1]["sent_ms"], out[-1]["detected_ms"], out[-1]["done_ms"] = (float(v) for v in stage_ms[i])
     return out

@@ -170,6 +170,7 @@ def test_a_frame_that_waited_in_the_sidecar_is_over_budget_though_the_bls_was_qu
     assert {o["outcome"] for o in waited["objects"]} == {"rerouted"}
     # its stage times count from its arrival at the sidecar too: its detector's result came at least 70 ms after it,
     # and its last label after that
+    assert waited["sent_ms"] == 70.0 and fresh["sent_ms"] == 0.0
     assert waited["detected_ms"] >= 70.0 and waited["done_ms"] >= waited["detected_ms"]
     assert 0 < fresh["detected_ms"] < waited["detected_ms"] and fresh["done_ms"] >= fresh["detected_ms"]
 

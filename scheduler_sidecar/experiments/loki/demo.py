@@ -343,8 +343,9 @@ def write(out: Path, rows: list[dict], args, by_stage: dict[str, dict[str, list[
                f"{burst - after} released in the quiet period.\n\n"
                f"Simulated beside it: {sum(r['sim_met'] for r in rows)} of {total['sent']} met. In the burst live met "
                f"{live} frames, the simulation {sim}: {verdict}.\n\n" + markdown_table(rows, list(rows[0])) + "\n\n"
-               "Where a served frame's time went, from its arrival at the sidecar, ms (p50 / p99; detect: to its "
-               "detector's result, classify: then to its last label, answer: then to the sidecar's answer):\n\n"
+               "Where a served frame's time went, from its arrival at the sidecar, ms (p50 / p99; queue: to its "
+               "sending to the pipeline, detect: then to its detector's result, classify: then to its last label, "
+               "answer: then to the sidecar's answer):\n\n"
                + markdown_table(stage_rows(by_stage), ["side", *stages.STAGES]) + "\n")
     (out / "summary.md").write_text(summary)
     print(summary)

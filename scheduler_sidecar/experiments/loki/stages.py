@@ -1,7 +1,10 @@
 """Where a served frame's time goes in Loki's pipeline, stage by stage, live and simulated, each from the frame's
 arrival at the sidecar:
 
-- ``detect``: to its detector batch's result (live, the wait in the sidecar and in Triton's queue, then the batch);
+- ``queue``: to the sidecar's sending it to the pipeline (live, its wait in the sidecar's queue; simulated, 0: a
+  frame goes straight to its detector's queue);
+- ``detect``: from there to its detector batch's result (live, the wait in Triton's queue, then the batch;
+  simulated, the wait in its detector worker's queue, then the batch);
 - ``classify``: from there to its last crop's label (0 for a frame with no crop);
 - ``answer``: from there to the sidecar's answer. Live, a frame is answered with its request's other frames after
   their last label too, so this is the time it is held for them, and the way back to the sidecar; simulated, a
@@ -19,22 +22,21 @@ import numpy as np
 
 from scheduler_sidecar.experiments.fidelity.common import p50_p99
 
-STAGES = ("detect", "classify", "answer")
+STAGES = ("queue", "detect", "classify", "answer")
 
 
 def live(answers: Sequence[dict], sidecar_ms: Sequence[float]) -> dict[str, list[float]]:
-    """Each stage's p50 and p99 (ms) over the frames ``answers`` (``read_answers``' dicts with ``detected_ms`` and
-    ``done_ms``) that the sidecar answered in ``sidecar_ms``."""
-    detected = np.array([a["detected_ms"] for a in answers])
-    done = np.array([a["done_ms"] for a in answers])
-    return _table(detected, done, np.asarray(sidecar_ms, float))
+    """Each stage's p50 and p99 (ms) over the frames ``answers`` (``read_answers``' dicts with ``sent_ms``,
+    ``detected_ms`` and ``done_ms``) that the sidecar answered in ``sidecar_ms``."""
+    sent, detected, done = (np.array([a[k] for a in answers]) for k in ("sent_ms", "detected_ms", "done_ms"))
+    return _table(sent, detected, done, np.asarray(sidecar_ms, float))
 
 
 def simulated(result, frames: np.ndarray) -> dict[str, list[float]]:
     """The same over the selected frames of a Loki simulation's ``result`` (``frames``: a mask over its frames)."""
     detected = ((result.finish_us - result.arrival_us) / 1000)[frames]
     done = frame_ms(result, frames)
-    return _table(detected, done, done)
+    return _table(np.zeros_like(detected), detected, done, done)
 
 
 def frame_ms(result, frames: np.ndarray) -> np.ndarray:
@@ -48,5 +50,6 @@ def frame_ms(result, frames: np.ndarray) -> np.ndarray:
     return ((end - result.arrival_us) / 1000)[frames]
 
 
-def _table(detected: np.ndarray, done: np.ndarray, answered: np.ndarray) -> dict[str, list[float]]:
-    return dict(zip(STAGES, (p50_p99(detected), p50_p99(done - detected), p50_p99(answered - done))))
+def _table(sent: np.ndarray, detected: np.ndarray, done: np.ndarray, answered: np.ndarray) -> dict[str, list[float]]:
+    return dict(zip(STAGES, (p50_p99(sent), p50_p99(detected - sent), p50_p99(done - detected),
+                             p50_p99(answered - done))))
