@@ -181,6 +181,8 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["queries"] == result["live_sidecar"]["queries"] == 20
     assert result["simulated_plans"] and result["instances"] == 6
+    # the simulation starts when the sidecar did: its frames come after the first plan's models loaded
+    assert result["replay_after_start_s"] > 0
     for side in ("client", "sidecar"):
         for what, key in (("attainment", "slo_attainment"), ("accuracy", "mean_serving_accuracy")):
             assert result[f"{what}_gap_pts"][side] == pytest.approx(

@@ -2,7 +2,9 @@
 
 The Loki demo's pipeline (``--recipe small``, cached under ``--build-dir``) as a BLS model on an emulated device
 behind the sidecar with Loki's controller over ``--instances`` replicas; simulated as Loki's per-task policies and
-controller over as many workers, its load times the ones measured live. Scored per frame: met when every crop was
+controller over as many workers, its load times the ones measured live, from the sidecar's start (its clock's zero,
+from its log), the frames arriving when the replay sent them (``replay_after_start_s`` later: the first plan's models
+load meanwhile), so that the controller's periods and demand counts fall as they did live. Scored per frame: met when every crop was
 served and the sidecar answered within the SLO (the client's own delays left out: the sidecar's queue and service
 time), with the frame's accuracy the mean of its detections' measured path accuracy (the detector's where it found
 nothing), over met frames; the simulator's frames alike, each with its own fan-out (the objects its detector finds in
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,7 +33,14 @@ import numpy as np
 
 from loadtest.traces import Trace
 from scheduler_sidecar.experiments.deployment import LOADED, Device, deploy
-from scheduler_sidecar.experiments.fidelity.common import BEYOND_REACH, Progress, default_trace, gaps, p50_p99
+from scheduler_sidecar.experiments.fidelity.common import (
+    BEYOND_REACH,
+    ORIGIN,
+    Progress,
+    default_trace,
+    gaps,
+    p50_p99,
+)
 from scheduler_sidecar.experiments.loki import demo as loki_demo
 from scheduler_sidecar.experiments.loki import stages
 from scheduler_sidecar.systems.loki import milp
@@ -57,6 +67,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
         sidecar = d.sidecar
         progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, "
                  f"SLO {args.slo_ms:g} ms")
+        begin_s = time.monotonic()  # the replay's start (its client connects within milliseconds)
         frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))
         live_stages = stage_stats(d.tritons[0].grpc_url, [*models, loki_demo.BLS])
         log = sidecar.log_path.read_text()
@@ -79,11 +90,18 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     served = [f.answer is not None and f.answer["status"] == "served" for f in frames]
     live_sidecar = view([ok and f.sidecar_us <= slo_us for ok, f in zip(served, frames)])
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
-    run_ = loki_demo.simulate_beside(stamp, demo, trace.arrival_s, load_ms)
+    # the simulation starts when the sidecar did, the frames arriving when the replay sent them, seconds later (the
+    # first plan's models load meanwhile): its controller's periods and demand counts fall as the sidecar's did
+    origin = ORIGIN.search(log)
+    if origin is None:
+        raise RuntimeError("the sidecar did not log its clock's start")
+    offset_s = begin_s - float(origin.group(1))
+    arrival_s = trace.arrival_s + offset_s
+    run_ = loki_demo.simulate_beside(stamp, demo, arrival_s, load_ms)
     met = run_.frames.met
     # beside it, the same simulation with each frame's fan-out drawn from its detector's mean, as before each frame
     # had its own: how much of the gap the fan-out explains
-    drawn = loki_demo.simulate_beside(stamp, demo, trace.arrival_s, load_ms, own_fanout=False).frames
+    drawn = loki_demo.simulate_beside(stamp, demo, arrival_s, load_ms, own_fanout=False).frames
     with_drawn = {"slo_attainment": float(drawn.met.mean()),
                   "mean_serving_accuracy": float(np.nanmean(drawn.accuracy[drawn.met])) if drawn.met.any() else 0.0}
     simulated_batches: dict[str, list[int]] = {}
@@ -94,7 +112,8 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                  "met": int(met.sum()), "dropped": int(run_.frames.dropped.sum())}
     return gaps({"system": "loki", "queries": len(frames), "instances": instances, "bls_instances": bls_instances,
                  "slowdown": slowdown, "capacity_qps": round(capacity, 1), "rate_qps": round(trace.mean_rate_qps, 1),
-                 "load_ms": load_ms, "live_client": live_client, "live_sidecar": live_sidecar,
+                 "load_ms": load_ms, "replay_after_start_s": round(offset_s, 3),
+                 "live_client": live_client, "live_sidecar": live_sidecar,
                  "live_outcomes": {"refused": sum(f.answer is None for f in frames),
                                    "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},
                  "simulated": simulated, "simulated_plans": [p.step for p in run_.plans],

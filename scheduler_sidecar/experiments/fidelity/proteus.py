@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 from scheduler_sidecar.experiments.deployment import LOADED
 from scheduler_sidecar.experiments.fidelity.common import (
     BEYOND_REACH,
+    ORIGIN,
     Progress,
     at_load,
     client_delay_ms,
@@ -69,7 +70,6 @@ from scheduler_sidecar.experiments.fidelity.common import (
 
 # the sidecar's log lines the simulations take their actuation from
 PLANNED = re.compile(r"plan asked for at ([\d.]+) s, ready at ([\d.]+) s \(since the start\)")
-ORIGIN = re.compile(r"plan times below count from the start: monotonic clock ([\d.]+) s")
 
 PLAN_MATCH_S = 0.1  # a simulated plan asked for this close to a live one is the same plan
 
