@@ -25,6 +25,17 @@ from scheduler_sidecar.processes.triton_launcher import TritonServer
 LOADED = re.compile(r"loaded (\S+) on (\S+) in (\d+) ms")  # the sidecar's log line for a model it loaded
 # the sidecar's line for a model's instance count set (reloaded, unchanged, or deferred to its next load)
 RELOADED = re.compile(r"(\S+) runs (\d+) instance\(s\) on \S+ \((\w+) in (\d+) ms\)")
+# the sidecar's line that says when its clock's zero was (its start), on the machine's monotonic clock: a simulation
+# that starts there sees its planner's periods and one-second counts fall as they did live
+ORIGIN = re.compile(r"plan times below count from the start: monotonic clock ([\d.]+) s")
+
+
+def since_start_s(log: str, monotonic_s: float) -> float:
+    """How long after the start of the sidecar whose ``log`` this is ``monotonic_s`` (``time.monotonic()``) came."""
+    origin = ORIGIN.search(log)
+    if origin is None:
+        raise RuntimeError("the sidecar did not log its clock's start")
+    return monotonic_s - float(origin.group(1))
 
 
 def instances_set(log: str, urls: Sequence[str]) -> dict[str, dict[str, int]]:

@@ -5,7 +5,6 @@ the simulated one, traces, payloads and the client's delay.
 from __future__ import annotations
 
 import argparse
-import re
 import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
@@ -28,10 +27,6 @@ Progress = Callable[[str], None]
 # a planned capacity is what a plan serves of a demand this many times what every worker on its fastest option
 # serves: beyond any plan's reach
 BEYOND_REACH = 2.0
-
-# the sidecar's log line that says when its clock's zero was (its start), on the machine's monotonic clock: a
-# simulation that starts there sees the periods and one-second counts of its planner fall as they did live
-ORIGIN = re.compile(r"plan times below count from the start: monotonic clock ([\d.]+) s")
 
 
 

@@ -32,15 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from loadtest.traces import Trace
-from scheduler_sidecar.experiments.deployment import LOADED, Device, deploy
-from scheduler_sidecar.experiments.fidelity.common import (
-    BEYOND_REACH,
-    ORIGIN,
-    Progress,
-    default_trace,
-    gaps,
-    p50_p99,
-)
+from scheduler_sidecar.experiments.deployment import LOADED, Device, deploy, since_start_s
+from scheduler_sidecar.experiments.fidelity.common import BEYOND_REACH, Progress, default_trace, gaps, p50_p99
 from scheduler_sidecar.experiments.loki import demo as loki_demo
 from scheduler_sidecar.experiments.loki import stages
 from scheduler_sidecar.systems.loki import milp
@@ -92,10 +85,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
     # the simulation starts when the sidecar did, the frames arriving when the replay sent them, seconds later (the
     # first plan's models load meanwhile): its controller's periods and demand counts fall as the sidecar's did
-    origin = ORIGIN.search(log)
-    if origin is None:
-        raise RuntimeError("the sidecar did not log its clock's start")
-    offset_s = begin_s - float(origin.group(1))
+    offset_s = since_start_s(log, begin_s)
     arrival_s = trace.arrival_s + offset_s
     run_ = loki_demo.simulate_beside(stamp, demo, arrival_s, load_ms)
     met = run_.frames.met

@@ -56,10 +56,9 @@ if TYPE_CHECKING:
     from scheduler_sidecar.core.profile import Profile
     from scheduler_sidecar.server.config import SidecarConfig
     from scheduler_sidecar.sim.results import SimResult
-from scheduler_sidecar.experiments.deployment import LOADED
+from scheduler_sidecar.experiments.deployment import LOADED, ORIGIN
 from scheduler_sidecar.experiments.fidelity.common import (
     BEYOND_REACH,
-    ORIGIN,
     Progress,
     at_load,
     client_delay_ms,

@@ -45,7 +45,15 @@ from python_backend.pipeline import read_answers
 from scheduler_sidecar.core.plan import Demand
 from scheduler_sidecar.core.profile import Actuation, LatencyCurve, Profile, Variant
 from scheduler_sidecar.errors import ConfigError
-from scheduler_sidecar.experiments.deployment import LOADED, Answer, Device, Request, deploy, open_loop
+from scheduler_sidecar.experiments.deployment import (
+    LOADED,
+    Answer,
+    Device,
+    Request,
+    deploy,
+    open_loop,
+    since_start_s,
+)
 from scheduler_sidecar.experiments.loki import stages
 from scheduler_sidecar.sim.results import markdown_table, write_rows
 from scheduler_sidecar.systems.loki.data import trained
@@ -142,13 +150,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"sidecar at {sidecar.grpc_url}, Triton at {triton.grpc_url} (x{args.slowdown:g})")
         best = {v.id for t in trained(stamp).tasks for v in t.variants if v.accuracy == t.variants[0].accuracy}
         arrival_s = arrivals(args)
+        begin_s = time.monotonic()  # the replay's start (its client connects within milliseconds)
         rows, frames = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, best, arrival_s, args))
         log = sidecar.log_path.read_text()
         (out / "sidecar.log").write_text(log)
     load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
-    simulated = simulate_beside(stamp, args, arrival_s, load_ms)
+    # simulated from the sidecar's start, the frames arriving when the replay sent them (the first plan's models load
+    # meanwhile), so that Loki's controller re-plans at the instants the sidecar's did
+    offset_s = since_start_s(log, begin_s)
+    simulated = simulate_beside(stamp, args, arrival_s + offset_s, load_ms)
     sim = simulated.frames
-    window = (sim.arrival_us // round(args.window_s * 1e6)).astype(np.int64)
+    window = ((sim.arrival_us - round(offset_s * 1e6)) // round(args.window_s * 1e6)).astype(np.int64)
     met = Counter(window[sim.met].tolist())
     for r in rows:
         r["sim_met"] = met[round(r["window_s"] / args.window_s)]
@@ -227,7 +239,8 @@ def arrivals(args) -> np.ndarray:
 
 
 def simulate_beside(stamp: Path, args, arrival_s: np.ndarray, load_ms: list[float], *, own_fanout: bool = True):
-    """The frames sent at ``arrival_s`` through Loki simulated as the sidecar runs it: its controller over
+    """The frames sent at ``arrival_s`` (seconds from the sidecar's start, when the caller knows it: its controller
+    starts at 0) through Loki simulated as the sidecar runs it: its controller over
     ``args.instances`` workers (period, headroom and demand floor as the sidecar's config), the pipeline at the
     emulated device's speed and the demo's SLO, a variant's load time the mean the sidecar measured, and each frame's
     own fan-out, the objects its detector finds in the scene :func:`send` sent (``own_fanout`` False: drawn from the
