@@ -92,7 +92,7 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                         "BLS model, whose instance holds a batch through every model (bls)")
     f.add_argument("--bls-instances", type=int,
                    help="loki, hybridserve --serving bls: instances of the BLS model, each a batch through every "
-                        "hop at once, and the sidecar's slots on it (default: the demo's: loki 4, hybridserve 64)")
+                        "hop at once, and the sidecar's slots on it (default: the demo's: loki 8, hybridserve 64)")
     f.add_argument("--rounding", choices=(NEAREST, BALANCED), default=NEAREST,
                    help="hybridserve: how the replicas are rounded (default: nearest)")
     f.add_argument("--out", type=Path, help="keep the run's files here: traces, configs, request logs, the sidecar's "

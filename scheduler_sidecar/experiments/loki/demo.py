@@ -62,8 +62,11 @@ from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM, LokiConfig
 
 MODEL = "scenes"  # the logical model clients call
 BLS = "loki_pipeline"
-BLS_INSTANCES = 4  # frame batches in flight (the sidecar's slots): the burst's 2 detector instances stay busy while
-# other batches are at the classifiers (with 2, the burst met 9-132 frames of 740 a window, with 4 about 230)
+# frame batches in flight (the sidecar's slots; each BLS execution has its stages' batches in flight at once). A frame
+# waits for a slot, then for the other frames of its batch (LokiPipeline's max_batch): bench fidelity at 1x, 3 runs,
+# gap -14.67 (-47.72..-14.33) points with 4 of up to 8 frames, -3.37 (-14.50..+3.71) with 8 of up to 4 (1.3x:
+# -24.25 against -10.55); with 16, two runs in three the BLS instances outran the detectors' (-78.6, -78.8)
+BLS_INSTANCES = 8
 INSTANCES = 6  # the default budget: twice the tasks, so that hardware scaling has room to show
 
 
