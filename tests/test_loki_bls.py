@@ -21,7 +21,7 @@ from export.presets import DEFAULT_BUILD_DIR
 from export.scenes import generate
 from python_backend.pipeline import components, crops, decode, read_answers
 from python_backend.runners import MODEL_FILE, make_session
-from scheduler_sidecar.live.workers import TritonWorker
+from scheduler_sidecar.live.workers import INSTANCES_PARAMETER, TritonWorker
 from scheduler_sidecar.processes.triton_launcher import TritonServer
 from tests.conftest import REPO_ROOT
 
@@ -227,20 +227,25 @@ def test_stage_models_run_at_the_planned_batch_sizes(server, frames):
 
 def test_a_model_loaded_again_runs_the_instances_last_set_for_it(server):
     """Hardware scaling unloads a variant and may load it again: it comes back with the count the plan set, not
-    the repository's."""
+    the repository's. A stage model has no batcher of Triton's, whose in-place change of its instances waits for an
+    empty queue: the count goes in a config parameter too, so that Triton loads it anew."""
     triton, _ = server
     model = "loki_detect_fcn_s"  # no other test calls it
     client = grpcclient.InferenceServerClient(triton.grpc_url)
 
-    async def scale() -> None:
+    async def scale() -> list[str]:
         worker = TritonWorker(triton.grpc_url)
         await worker.unload(model)
-        await worker.set_instances(model, 2)  # not loaded: kept for when it is
+        done = [await worker.set_instances(model, 2)]  # not loaded: kept for when it is
         await worker.load(model)
+        done += [await worker.set_instances(model, 3), await worker.set_instances(model, 3)]
         await worker.close()
+        return done
 
-    asyncio.run(scale())
-    assert sum(g.count for g in client.get_model_config(model).config.instance_group) == 2
+    assert asyncio.run(scale()) == ["deferred", "reloaded", "unchanged"]
+    config = client.get_model_config(model).config
+    assert sum(g.count for g in config.instance_group) == 3
+    assert config.parameters[INSTANCES_PARAMETER].string_value == "3"
 
 
 def test_served_frames_match_the_offline_pipeline_and_a_bad_plan_is_refused(server, frames):
