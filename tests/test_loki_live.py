@@ -176,8 +176,9 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
 
     trace = tmp_path / "trace.txt"
     constant(5.0, 4.0).save(trace)
+    # 2 BLS instances, not the demo's 8: 20 frames at 5 a second, and each instance is a process Triton starts
     assert main(["bench", "fidelity", "--system", "loki", "--trace", str(trace), "--build-dir",
-                 str(REPO_ROOT / "build"), "--json"]) == 0
+                 str(REPO_ROOT / "build"), "--bls-instances", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["queries"] == result["live_sidecar"]["queries"] == 20
     assert result["simulated_plans"] and result["instances"] == 6

@@ -200,8 +200,11 @@ def test_two_tritons_each_run_their_part_of_the_plan(tmp_path):
     Triton running a whole pipeline with the counts the sidecar set for it, and each serving frames."""
     settings = SimpleNamespace(instances=3, slowdown=None, period_s=1.0, headroom=DEFAULT_HEADROOM, slo_ms=400.0)
     folder = tmp_path / "loki"
+    # 2 BLS instances a Triton, not the demo's 8: this test is about where the plans put the stage models, and each
+    # BLS instance is a process that Triton starts
     stamp, profile, models, settings.slowdown = demo.build_pipeline(
-        folder, settings.slo_ms, None, settings.instances, "small", trained_in=REPO_ROOT / "build" / "loki-demo-small")
+        folder, settings.slo_ms, None, settings.instances, "small", trained_in=REPO_ROOT / "build" / "loki-demo-small",
+        bls_instances=2)
     tasks = {v.id: t.name for t in trained(stamp).tasks for v in t.variants}
     with deploy(folder / "repository", [demo.BLS], [Device(settings.slowdown)] * 2,
                 config=demo.sidecar_config(stamp, profile, settings)) as d:

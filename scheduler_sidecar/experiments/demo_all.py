@@ -147,7 +147,8 @@ def _loki(folder: Path, build_dir: Path) -> Model:
     from export.scenes import generate  # lazy: torch
 
     stamp, profile, _, _ = loki_demo.build_pipeline(folder, SLO_MS["scenes"], 1.0, LOKI_INSTANCES, "small",
-                                                    trained_in=build_dir / "loki-demo-small")
+                                                    trained_in=build_dir / "loki-demo-small",
+                                                    bls_instances=BLS_INSTANCES)
     frames = generate(300, "heldout", seed=21).frames
     settings = argparse.Namespace(instances=LOKI_INSTANCES, slowdown=1.0, period_s=5.0, headroom=DEFAULT_HEADROOM,
                                   slo_ms=SLO_MS["scenes"])
