@@ -146,9 +146,12 @@ def write_loki_pipeline(repository: Path, name: str, plan: dict, models: list[st
         stage = repository / model / "config.pbtxt"
         text = stage.read_text() if stage.exists() else ""
         unbatched = re.sub(r"^dynamic_batching \{[^}]*\}\n", "", text, flags=re.M)
-        if unbatched != text:  # in place, whole: another deployment may be copying the trained models meanwhile
-            stage.with_suffix(".tmp").write_text(unbatched)
-            stage.with_suffix(".tmp").replace(stage)
+        if unbatched != text:  # whole, and written beside the model, not in it: another deployment may be copying
+            # the trained models meanwhile (copy_stage_models)
+            fd, tmp = tempfile.mkstemp(dir=repository, prefix=f".{model}-", suffix=".pbtxt")
+            with open(fd, "w") as f:
+                f.write(unbatched)
+            Path(tmp).replace(stage)
     config = f"""name: "{name}"
 backend: "python"
 max_batch_size: {max_batch_size}

@@ -40,12 +40,14 @@ opportunistic rerouting, §5.2) says otherwise; exactly as in the simulator:
 
 The stages run as the pipeline allows (``async def execute``, ``async_exec``), as the simulator's workers do: an
 execution's detector batches are all in flight at once, as many of one detector as the plan runs instances of it,
-and each batch's crops are routed when its own result comes back. Then each classifier's crops run in batches of
-its planned size, earliest deadline first, again as many at once as it has planned instances. (Before, an
-execution called its stage models one after another: a frame of its second detector batch waited for the first.)
-Still unlike the simulator: a frame is answered with its request's other frames, after their last classifier
-batch, and the time between the sidecar sending a batch and this execution starting (network, Triton's queue) is
-in neither measure.
+and each batch's crops are routed when its own result comes back. When every detector batch of the execution has
+come back, each classifier's crops run in batches of its planned size, earliest deadline first, again as many at
+once as it has planned instances. (Before, an execution called its stage models one after another: a frame of its
+second detector batch waited for the first.) Still unlike the simulator: a crop waits for the execution's slowest
+detector batch, a frame is answered with its request's other frames after their last classifier batch, the
+instances a plan runs are each execution's to share out (several BLS instances may queue more batches at a stage
+model than it has instances), and the time between the sidecar sending a batch and this execution starting
+(network, Triton's queue) is in neither measure.
 
 Decision (the backups' spare capacity with several instances of this model): each instance is its own process,
 and Triton may run them all at once, so each takes an equal share, spare / instances per second. Together they
@@ -265,19 +267,21 @@ class TritonPythonModel:
                 c.frame.objects.append({"row": row, "col": col, "kind": kind, "label": int(label), "model": model,
                                         "rerouted": c.rerouted})
 
-        while queue:
-            await slot.acquire()
-            elapsed_ms = (time.perf_counter() - start) * 1000
-            while queue and queue[0].frame.plan.get("drop") == "last-task" and \
-                    too_late(queue[0].frame.left_ms - elapsed_ms, queue[0].frame.plan["exec_ms"][model]):
-                crop = queue.pop(0)
-                self._drop(crop.frame, crop.detection, "last-task: the classifier cannot finish within the SLO")
-            chunk, queue = queue[:batch], queue[batch:]
-            if not chunk:
-                slot.release()
-                break
-            running.append(asyncio.ensure_future(label(chunk)))
-        await _all(running)
+        try:
+            while queue and not any(t.done() and t.exception() for t in running):  # a failed batch fails them all
+                await slot.acquire()
+                elapsed_ms = (time.perf_counter() - start) * 1000
+                while queue and queue[0].frame.plan.get("drop") == "last-task" and \
+                        too_late(queue[0].frame.left_ms - elapsed_ms, queue[0].frame.plan["exec_ms"][model]):
+                    crop = queue.pop(0)
+                    self._drop(crop.frame, crop.detection, "last-task: the classifier cannot finish within the SLO")
+                chunk, queue = queue[:batch], queue[batch:]
+                if not chunk:
+                    slot.release()
+                    break
+                running.append(asyncio.ensure_future(label(chunk)))
+        finally:  # none left running when the execution answers, whatever raised here
+            await _all(running)
 
     @staticmethod
     def _drop(frame: Frame, detection: np.ndarray, reason: str) -> None:

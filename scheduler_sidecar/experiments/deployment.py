@@ -107,9 +107,11 @@ class Answer:
     error: str = ""  # why it was refused
 
 
-async def open_loop(url: str, arrivals_s: Sequence[float], request: Callable[[int], Request]) -> list[Answer]:
+async def open_loop(url: str, arrivals_s: Sequence[float], request: Callable[[int], Request],
+                    started: Callable[[float], None] | None = None) -> list[Answer]:
     """Send ``request(i)`` to the KServe v2 gRPC server at ``url`` at ``arrivals_s[i]`` seconds from now, open
-    loop; every answer, in order. (A watcher of what the servers hold runs beside it: ``asyncio.gather``.)"""
+    loop; every answer, in order. ``started`` is told the replay's zero (``time.monotonic()``), from which the
+    arrivals count. (A watcher of what the servers hold runs beside it: ``asyncio.gather``.)"""
     # tritonclient is imported here: ``accscale --help`` must not pay for gRPC
     import tritonclient.grpc.aio as aioclient
     from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # lazy: tritonclient
@@ -129,6 +131,8 @@ async def open_loop(url: str, arrivals_s: Sequence[float], request: Callable[[in
             return Answer(i, at_s, time.monotonic() - start, result)
 
         begin, sent = time.monotonic(), []
+        if started is not None:
+            started(begin)
         for i, at_s in enumerate(arrivals_s):
             await asyncio.sleep(max(0.0, begin + at_s - time.monotonic()))
             sent.append(asyncio.ensure_future(one(i, float(at_s))))

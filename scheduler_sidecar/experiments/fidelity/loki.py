@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,8 +59,8 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
         sidecar = d.sidecar
         progress(f"sending {len(trace)} frames ({trace.mean_rate_qps:.0f}/s) through the sidecar, "
                  f"SLO {args.slo_ms:g} ms")
-        begin_s = time.monotonic()  # the replay's start (its client connects within milliseconds)
-        frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms))
+        started: list[float] = []  # the replay's zero, on the monotonic clock
+        frames = asyncio.run(loki_demo.send(sidecar.grpc_url, trace.arrival_s, models, args.slo_ms, started.append))
         live_stages = stage_stats(d.tritons[0].grpc_url, [*models, loki_demo.BLS])
         log = sidecar.log_path.read_text()
         load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
@@ -85,7 +84,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
     # the simulation starts when the sidecar did, the frames arriving when the replay sent them, seconds later (the
     # first plan's models load meanwhile): its controller's periods and demand counts fall as the sidecar's did
-    offset_s = since_start_s(log, begin_s)
+    offset_s = since_start_s(log, started[0])
     arrival_s = trace.arrival_s + offset_s
     run_ = loki_demo.simulate_beside(stamp, demo, arrival_s, load_ms)
     met = run_.frames.met

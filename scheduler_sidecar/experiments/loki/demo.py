@@ -34,6 +34,7 @@ import json
 import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -153,14 +154,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"sidecar at {sidecar.grpc_url}, Triton at {triton.grpc_url} (x{args.slowdown:g})")
         best = {v.id for t in trained(stamp).tasks for v in t.variants if v.accuracy == t.variants[0].accuracy}
         arrival_s = arrivals(args)
-        begin_s = time.monotonic()  # the replay's start (its client connects within milliseconds)
-        rows, frames = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, best, arrival_s, args))
+        started: list[float] = []  # the replay's zero, on the monotonic clock
+        rows, frames = asyncio.run(drive(sidecar.grpc_url, triton.grpc_url, models, best, arrival_s, args,
+                                         started.append))
         log = sidecar.log_path.read_text()
         (out / "sidecar.log").write_text(log)
     load_ms = [float(ms) for _, _, ms in LOADED.findall(log)]
     # simulated from the sidecar's start, the frames arriving when the replay sent them (the first plan's models load
     # meanwhile), so that Loki's controller re-plans at the instants the sidecar's did
-    offset_s = since_start_s(log, begin_s)
+    offset_s = since_start_s(log, started[0])
     simulated = simulate_beside(stamp, args, arrival_s + offset_s, load_ms)
     sim = simulated.frames
     window = ((sim.arrival_us - round(offset_s * 1e6)) // round(args.window_s * 1e6)).astype(np.int64)
@@ -203,9 +205,10 @@ def sent_scenes():
     return generate(300, "heldout", seed=21)
 
 
-async def send(url: str, arrivals_s, models: list[str], slo_ms: float) -> list[Frame]:
-    """Send held-out scenes to the sidecar at ``url``, open loop, at ``arrivals_s`` (seconds from now); each
-    frame's answer, in order."""
+async def send(url: str, arrivals_s, models: list[str], slo_ms: float,
+               started: Callable[[float], None] | None = None) -> list[Frame]:
+    """Send held-out scenes to the sidecar at ``url``, open loop, at ``arrivals_s`` (seconds from the replay's zero,
+    which ``started`` is told: see :func:`open_loop`); each frame's answer, in order."""
     from export.loki_models import match  # lazy: onnx, torch
 
     scenes = sent_scenes()
@@ -226,7 +229,7 @@ async def send(url: str, arrivals_s, models: list[str], slo_ms: float) -> list[F
                      len(objects), int(right))
 
     answers = await open_loop(url, arrivals_s, lambda i: Request(MODEL, {"FRAME": scenes.frames[i % len(scenes)][None]},
-                                                                 slo))
+                                                                 slo), started)
     return [frame(a) for a in answers]
 
 
@@ -262,9 +265,10 @@ def simulate_beside(stamp: Path, args, arrival_s: np.ndarray, load_ms: list[floa
 
 
 async def drive(url: str, triton_url: str, models: list[str], best: set[str], arrival_s: np.ndarray,
-                args) -> tuple[list[dict], list[Frame]]:
+                args, started: Callable[[float], None] | None = None) -> tuple[list[dict], list[Frame]]:
     """Send the frames to the sidecar at ``url`` at ``arrival_s``: per window, what came back, and what the
-    Triton at ``triton_url`` had loaded at its end; and each frame. ``best``: each task's most accurate variants."""
+    Triton at ``triton_url`` had loaded at its end; and each frame. ``best``: each task's most accurate variants;
+    ``started``: told the replay's zero (:func:`send`)."""
     import tritonclient.grpc.aio as aioclient  # gRPC: not for `accscale --help`
 
     loaded: dict[int, int] = {}  # window -> the stage-model instances Triton had loaded at its end
@@ -274,7 +278,7 @@ async def drive(url: str, triton_url: str, models: list[str], best: set[str], ar
             loaded[window] = await loaded_instances(triton, models)
 
         begin = time.monotonic()
-        frames, *_ = await asyncio.gather(send(url, arrival_s, models, args.slo_ms),
+        frames, *_ = await asyncio.gather(send(url, arrival_s, models, args.slo_ms, started),
                                           *(sample(w) for w in range(math.ceil(args.duration_s / args.window_s))))
     stats: dict[int, Counter] = defaultdict(Counter)
     detectors: dict[int, Counter] = defaultdict(Counter)

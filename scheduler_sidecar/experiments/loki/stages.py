@@ -7,8 +7,9 @@ arrival at the sidecar:
   simulated, the wait in its detector worker's queue, then the batch);
 - ``classify``: from there to its last crop's label (0 for a frame with no crop);
 - ``answer``: from there to the sidecar's answer. Live, a frame is answered with its request's other frames after
-  their last label too, so this is the time it is held for them, and the way back to the sidecar; simulated, a
-  frame is answered when its last crop is, so it is 0.
+  their last label too, so this is the time it is held for them, the way back to the sidecar, and the way there
+  (the network and Triton's queue before the BLS execution starts, which the BLS cannot see: ``detect`` counts
+  from its start); simulated, a frame is answered when its last crop is, so it is 0.
 
 Live, from the BLS model's ``STAGE_MS`` output (:mod:`python_backend.loki_bls`) and the sidecar's own latency;
 simulated, from each frame's root query and the follow-ups it created.
