@@ -255,7 +255,7 @@ class TritonPythonModel:
         slot = _slots(slots, model, queue[0].frame.plan)
         running = []
 
-        async def label(chunk: list[Crop]) -> None:
+        async def classify(chunk: list[Crop]) -> None:
             try:
                 labels = (await bls.infer_async(model, np.stack([c.patch for c in chunk]))).argmax(axis=1)
             finally:
@@ -279,7 +279,7 @@ class TritonPythonModel:
                 if not chunk:
                     slot.release()
                     break
-                running.append(asyncio.ensure_future(label(chunk)))
+                running.append(asyncio.ensure_future(classify(chunk)))
         finally:  # none left running when the execution answers, whatever raised here
             await _all(running)
 

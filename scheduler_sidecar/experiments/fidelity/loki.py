@@ -80,6 +80,7 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                 "mean_serving_accuracy": float(np.mean(served)) if served else 0.0}
 
     served = [f.answer is not None and f.answer["status"] == "served" for f in frames]
+    answered = [f for f, ok in zip(frames, served) if ok]  # served frames
     live_sidecar = view([ok and f.sidecar_us <= slo_us for ok, f in zip(served, frames)])
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
     # the simulation starts when the sidecar did, the frames arriving when the replay sent them, seconds later (the
@@ -116,12 +117,11 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                                 "simulated": {v: round(float(np.mean(b)), 2) for v, b in simulated_batches.items()}},
                  "stages": {"live": live_stages, "simulated": simulated_stages(pipeline, run_.result)},
                  "frame_latency_ms": {
-                     "live_sidecar": p50_p99([f.sidecar_us / 1000 for f, ok in zip(frames, served) if ok]),
-                     "live_client": p50_p99([f.client_s * 1000 for f, ok in zip(frames, served) if ok]),
+                     "live_sidecar": p50_p99([f.sidecar_us / 1000 for f in answered]),
+                     "live_client": p50_p99([f.client_s * 1000 for f in answered]),
                      "simulated": p50_p99(stages.frame_ms(run_.result, ~np.isnan(run_.frames.accuracy)))},
                  "frame_stages": {
-                     "live": stages.live([f.answer for f, ok in zip(frames, served) if ok],
-                                         [f.sidecar_us / 1000 for f, ok in zip(frames, served) if ok]),
+                     "live": stages.live(answered),
                      "simulated": stages.simulated(run_.result, ~np.isnan(run_.frames.accuracy))}})
 
 

@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         r["sim_met"] = met[round(r["window_s"] / args.window_s)]
     served = [f for f in frames if f.answer is not None and f.answer["status"] == "served"]
-    by_stage = {"live": stages.live([f.answer for f in served], [f.sidecar_us / 1000 for f in served]),
+    by_stage = {"live": stages.live(served),
                 "simulated": stages.simulated(simulated.result, ~np.isnan(sim.accuracy))}
     write(out, rows, args, by_stage)
     return 0

@@ -26,11 +26,12 @@ from scheduler_sidecar.experiments.fidelity.common import p50_p99
 STAGES = ("queue", "detect", "classify", "answer")
 
 
-def live(answers: Sequence[dict], sidecar_ms: Sequence[float]) -> dict[str, list[float]]:
-    """Each stage's p50 and p99 (ms) over the frames ``answers`` (``read_answers``' dicts with ``sent_ms``,
-    ``detected_ms`` and ``done_ms``) that the sidecar answered in ``sidecar_ms``."""
-    sent, detected, done = (np.array([a[k] for a in answers]) for k in ("sent_ms", "detected_ms", "done_ms"))
-    return _table(sent, detected, done, np.asarray(sidecar_ms, float))
+def live(frames: Sequence) -> dict[str, list[float]]:
+    """Each stage's p50 and p99 (ms) over served ``frames`` (the demo's ``Frame``: its ``answer``, a
+    ``read_answers`` dict with ``sent_ms``, ``detected_ms`` and ``done_ms``, and its ``sidecar_us``)."""
+    sent, detected, done = (np.array([f.answer[k] for f in frames], float)
+                            for k in ("sent_ms", "detected_ms", "done_ms"))
+    return _table(sent, detected, done, np.array([f.sidecar_us / 1000 for f in frames], float))
 
 
 def simulated(result, frames: np.ndarray) -> dict[str, list[float]]:
