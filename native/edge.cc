@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -120,6 +121,7 @@ class Outbox {
 
  private:
   void Run() {
+    pthread_setname_np(pthread_self(), "edge-outbox");  // as top -H and /proc name it
     std::vector<std::function<void()>> batch;
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {

@@ -24,6 +24,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -259,8 +260,16 @@ struct HttpServer::Impl {
     if (epoll_fd < 0 || wake_fd < 0) throw std::runtime_error("epoll or eventfd failed");
     Watch(listen_fd, EPOLLIN, EPOLL_CTL_ADD);
     Watch(wake_fd, EPOLLIN, EPOLL_CTL_ADD);
-    io = std::thread([this] { Run(); });
-    for (int i = 0; i < kForwarders; ++i) forwarders.emplace_back([this] { Forwarder(); });
+    io = std::thread([this] {
+      pthread_setname_np(pthread_self(), "edge-http");  // as top -H and /proc name it
+      Run();
+    });
+    for (int i = 0; i < kForwarders; ++i) {
+      forwarders.emplace_back([this] {
+        pthread_setname_np(pthread_self(), "edge-forward");
+        Forwarder();
+      });
+    }
   }
 
   void Stop() {
