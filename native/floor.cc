@@ -1,13 +1,15 @@
 // The least a native gRPC front end costs per request: the C++ counterpart of grpc_floor.py, for
 // `accscale bench sidecar --floor`, so the edge's technology is chosen by measurement (issue 45).
 //
-//   accscale-floor --port P --triton HOST:PORT --mode echo|proxy|fake [--threads N]
+//   accscale-floor --port P --triton HOST:PORT --mode echo|proxy|fake|cq-echo
 //
 // echo:  every ModelInfer is parsed and answered with the response Triton gave to the first one;
 // proxy: every ModelInfer is passed to Triton as it came, one call per request, and its answer passed back;
 // fake:  a worker that costs next to nothing, for measuring the sidecar alone (`bench sidecar --fake-worker`): as
 //        echo, but each answer has as many rows as its request (the first answer's rows, each repeated), so the
 //        sidecar's batches of any size are answered, and the statistics count rows.
+// cq-echo: echo on gRPC's other asynchronous API, a completion queue that one thread of ours drains (the callback
+//        API's alternative, measured beside it).
 // Metadata, config, statistics, health and repository calls go to Triton, as in the Python floor, and
 // ServerMetadata drops the statistics extension so perf_analyzer asks for none. gRPC's callback API: no thread per
 // call, the library's own pollers run the handlers, and no handler blocks (the proxy's Triton call completes in a
@@ -19,9 +21,13 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <future>
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include "grpc_service.grpc.pb.h"
@@ -171,8 +177,101 @@ class Floor final : public GRPCInferenceService::CallbackService {
 };
 
 int Usage() {
-  std::cerr << "usage: accscale-floor --port P --triton HOST:PORT --mode echo|proxy|fake [--host 127.0.0.1]\n";
+  std::cerr << "usage: accscale-floor --port P --triton HOST:PORT --mode echo|proxy|fake|cq-echo [--host 127.0.0.1]\n";
   return 2;
+}
+
+std::string Bytes(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  (void)buffer.Dump(&slices);
+  std::string out;
+  for (const auto& slice : slices) out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  return out;
+}
+
+grpc::ByteBuffer Buffer(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Echo on a completion queue: every method arrives as bytes (a generic service); ModelInfer is answered with
+// Triton's first answer, any other call is passed to Triton and waited for on this thread (only perf_analyzer's
+// few set-up and statistics calls), with the same edits as the callback floor's.
+int ServeCompletionQueue(const std::string& address, std::shared_ptr<grpc::Channel> triton) {
+  grpc::GenericStub stub(triton);
+  grpc::AsyncGenericService service;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterAsyncGenericService(&service);
+  std::unique_ptr<grpc::ServerCompletionQueue> cq = builder.AddCompletionQueue();
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) {
+    std::cerr << "accscale-floor: could not listen on " << address << "\n";
+    return 1;
+  }
+  std::cout << "listening on " << address << std::endl;
+  struct Call {
+    grpc::GenericServerContext context;
+    grpc::GenericServerAsyncReaderWriter stream{&context};
+    grpc::ByteBuffer request;
+    enum { kAccepted, kRead, kAnswered } state = kAccepted;
+  };
+  auto forward = [&stub](const std::string& method, const grpc::ByteBuffer& in) {
+    grpc::ClientContext context;
+    grpc::ByteBuffer out;
+    std::promise<void> done;
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &in, &out, [&done](grpc::Status) { done.set_value(); });
+    done.get_future().wait();
+    return Bytes(out);
+  };
+  auto accept = [&] {
+    auto* call = new Call;
+    service.RequestCall(&call->context, &call->stream, cq.get(), cq.get(), call);
+  };
+  accept();
+  std::string canned;
+  long answered = 0;
+  void* tag;
+  bool ok;
+  while (cq->Next(&tag, &ok)) {
+    auto* call = static_cast<Call*>(tag);
+    if (!ok || call->state == Call::kAnswered) {
+      delete call;
+      continue;
+    }
+    if (call->state == Call::kAccepted) {
+      accept();
+      call->state = Call::kRead;
+      call->stream.Read(&call->request, call);
+      continue;
+    }
+    const std::string& method = call->context.method();
+    std::string out;
+    if (method == "/inference.GRPCInferenceService/ModelInfer") {
+      if (canned.empty()) canned = forward(method, call->request);
+      out = canned;
+      ++answered;
+    } else if (method == "/inference.GRPCInferenceService/ModelStatistics") {
+      inference::ModelStatisticsResponse r;
+      r.ParseFromString(forward(method, call->request));
+      for (auto& model : *r.mutable_model_stats()) model.set_inference_count(answered);
+      out = r.SerializeAsString();
+    } else if (method == "/inference.GRPCInferenceService/ServerMetadata") {
+      inference::ServerMetadataResponse r;
+      r.ParseFromString(forward(method, call->request));
+      auto* ext = r.mutable_extensions();
+      for (int i = ext->size() - 1; i >= 0; --i)
+        if (ext->Get(i) == "statistics") ext->erase(ext->begin() + i);
+      out = r.SerializeAsString();
+    } else {
+      out = forward(method, call->request);
+    }
+    call->state = Call::kAnswered;
+    call->stream.WriteAndFinish(Buffer(out), grpc::WriteOptions(), grpc::Status::OK, call);
+  }
+  return 0;
 }
 
 }  // namespace
@@ -187,10 +286,14 @@ int main(int argc, char** argv) {
     else if (key == "--host") host = value;
     else return Usage();
   }
-  if (port.empty() || triton.empty() || (mode != "echo" && mode != "proxy" && mode != "fake")) return Usage();
+  if (port.empty() || triton.empty() || (mode != "echo" && mode != "proxy" && mode != "fake" && mode != "cq-echo"))
+    return Usage();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  if (mode == "cq-echo")
+    return ServeCompletionQueue(host + ":" + port,
+                                grpc::CreateCustomChannel(triton, grpc::InsecureChannelCredentials(), args));
   Floor service(grpc::CreateCustomChannel(triton, grpc::InsecureChannelCredentials(), args), mode == "echo",
                 mode == "fake");
   grpc::ServerBuilder builder;

@@ -630,3 +630,29 @@ def test_the_fake_worker_answers_each_batch_with_its_rows_and_counts_them(fast_b
         batch = infer(client, images[1:4])  # other images: the answer is the first's, not the model's
         assert batch.shape == (3, 10) and (batch == first[0]).all()
         assert client.get_inference_statistics("digits_supernet").model_stats[0].inference_count == 4
+
+
+@pytest.mark.parametrize("mode", ["cq-echo", "edge"])
+def test_the_floors_beside_the_edge_answer_as_triton_does(fast_build, triton, images, native_edge, mode):
+    """`bench sidecar --floor`'s echo on gRPC's completion queue (native/floor.cc) answers every request with
+    Triton's first answer and counts what it answered; its edge floor (the native edge, Python passing each request
+    to Triton and back) answers each with Triton's answer to it."""
+    from scheduler_sidecar.experiments.sidecar_bench import floor_server
+
+    control = np.asarray([fast_build.profile.variants[0].actuation.control], dtype=np.int32)
+
+    def infer(client, x: np.ndarray) -> np.ndarray:
+        return client.infer("digits_supernet", [grpc_input(x), grpc_input(control, "CONTROL", "INT32")]).as_numpy(
+            "LOGITS")
+
+    with floor_server(triton.grpc_url, mode, native=mode == "cq-echo") as (url, _), \
+            grpcclient.InferenceServerClient(url) as client, grpcclient.InferenceServerClient(triton.grpc_url) as direct:
+        answers = [infer(client, images[i:i + 1]) for i in range(3)]
+        if mode == "cq-echo":
+            assert all((a == answers[0]).all() for a in answers)
+            assert client.get_inference_statistics("digits_supernet").model_stats[0].inference_count == 3
+        else:
+            for i, answer in enumerate(answers):
+                assert answer.shape == (1, 10)
+                np.testing.assert_allclose(answer, infer(direct, images[i:i + 1]), rtol=1e-5)
+            assert not np.allclose(answers[0], answers[1])  # each its own: not the first answer repeated

@@ -8,6 +8,10 @@ KServe v2 over ``grpc.aio``, as the sidecar does, with nothing else on the path:
 - ``proxy``: every ``ModelInfer`` is passed to Triton as it came, one call per request, and its
   answer passed back (the server's cost plus one Triton call per request, the sidecar's path
   without the engine, batching, checks or metrics).
+- ``edge``: ``proxy`` on the sidecar's native edge (native/edge.cc): its C++ server takes the requests
+  and its C++ client calls Triton, and Python only passes each request from one to the other and
+  each answer back, woken by their eventfds, as the sidecar's event loop is. What a sidecar on the
+  native edge costs before its engine, policy and checks do anything.
 
 Metadata, config, statistics and health calls are passed to Triton. The bench measures this
 process's CPU per request as it measures the sidecar's: what the sidecar cannot go below on this
@@ -75,7 +79,44 @@ class Floor(service_pb2_grpc.GRPCInferenceServiceServicer):
         return self.canned
 
 
+async def serve_edge(port: int, triton: str) -> None:
+    """The ``edge`` mode: the edge's other calls (metadata, statistics) go straight to Triton."""
+    from scheduler_sidecar.native import edge as native_edge  # lazy: the native edge is built on first use
+
+    module = native_edge()
+    edge = module.Edge(f"127.0.0.1:{port}", triton, 1 << 30, "1")
+    client = module.Client()
+    asking: dict[int, int] = {}  # the client's token -> the edge's request id
+    tokens = iter(range(1 << 62))
+
+    def take() -> None:
+        for arrival in edge.take(512, 0):
+            if arrival[1] != 0:  # a cancellation (or an HTTP request, which this floor does not serve)
+                continue
+            rid, _, model, version, _, _, inputs, _, _, _, _ = arrival
+            token = next(tokens)
+            asking[token] = rid
+            client.infer(token, triton, model, version, [(n, d, s, [raw]) for n, d, s, raw in inputs], {}, 10**7)
+
+    def answered() -> None:
+        for token, code, message, _, outputs in client.take(512):
+            rid = asking.pop(token)
+            if code:
+                edge.fail(rid, code, 500, message, "WorkerError")
+            else:  # the trivial model's logits, the one output the bench's model has
+                edge.answer(rid, [(name, "FP32", [len(raw) // 40, 10], raw) for name, raw in outputs], {})
+
+    loop = asyncio.get_running_loop()
+    loop.add_reader(edge.fd, take)
+    loop.add_reader(client.fd, answered)
+    print("listening", flush=True)
+    await asyncio.Event().wait()
+
+
 async def serve(port: int, triton: str, mode: str) -> None:
+    if mode == "edge":
+        await serve_edge(port, triton)
+        return
     server = grpc.aio.server()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Floor(triton, mode), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -88,7 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--triton", required=True, help="Triton's gRPC host:port")
-    parser.add_argument("--mode", choices=("echo", "proxy"), required=True)
+    parser.add_argument("--mode", choices=("echo", "proxy", "edge"), required=True)
     args = parser.parse_args()
     asyncio.run(serve(args.port, args.triton, args.mode))
 

@@ -18,9 +18,13 @@ targets over gRPC, one after the other, in the same run:
   costs (:mod:`.grpc_floor`): ``echo`` answers every request with a canned response, ``proxy``
   passes each to Triton in its own call (its "sidecar" figure is the floor server's). What the
   sidecar cannot go below on this runtime. ``native floor``: the same two servers in C++ (native/floor.cc, gRPC's
-  callback API), what a native edge cannot go below. ``proxy_floor_peak_by_processes``: the Python proxy's
+  callback API), what a native edge cannot go below, and ``cq-echo``, echo on gRPC's completion-queue API (the
+  callback API's alternative); ``edge``: the native edge itself with Python passing each request from its server to
+  its Triton client and back (:mod:`.grpc_floor`'s edge mode), what a sidecar on it costs before its engine and
+  policy run. ``proxy_floor_peak_by_processes``: the Python proxy's
   peak throughput in 1 and in 2 processes sharing its port (whether more front-end processes pay here), and the
-  native proxy's in one (``native``).
+  native proxy's in one (``native``); ``native_proxy_floor``: the latency the native proxy adds at ``--rate``, the
+  least a sidecar in C++ could add.
 - ``fake_worker`` (with ``--fake-worker``): each edge's sidecar alone, before a worker that costs next to nothing
   (the C++ floor's ``fake`` mode: an answer of the request's rows, no model run): its CPU per request at the CPU rate
   and at three times it (``cpu_ratio_3x``: does any one thread serialize the edge as the load grows), and its peak
@@ -66,6 +70,12 @@ MODEL = "trivial"
 IMAGE_SIZE, NUM_CLASSES = 16, 10
 PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 FRONT_ENDS = ("grpc", "http", "streaming")
+# (the result's key, the floor server's mode, whether the server is native/floor.cc): what --floor measures. The
+# native floor's "edge" is Python's floor server in its edge mode: the native edge with Python passing each request
+# on, the least a sidecar on the native edge costs
+FLOORS = (("floor", "echo", False), ("floor", "proxy", False), ("native floor", "echo", True),
+          ("native floor", "cq-echo", True), ("native floor", "proxy", True), ("native floor", "edge", False))
+FLOOR_PROXY = "native proxy floor"  # at_rate's name for the C++ pass-through server (with --floor)
 UNSTABLE_PCT = 1000  # perf_analyzer's stability threshold that accepts any spread between its windows
 # what a sampled stack is part of: the first part whose marker names its innermost frame that has one (function or
 # file). py-spy sees Python frames only (sampling native frames pauses the process at every sample and collapsed
@@ -344,8 +354,7 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
                         binary, http[name] if front_end == "http" else url, window_ms, cpu_rate, slo,
                         front_end, triton, processes.get(name))
             if floor:
-                for native, mode in ((n, m) for n in (False, True) for m in ("echo", "proxy")):
-                    key = "native floor" if native else "floor"
+                for key, mode, native in FLOORS:
                     progress(f"{mode} {key}: CPU per request over grpc at {cpu_rate:g} requests/s")
                     with floor_server(triton.grpc_url, mode, native=native) as (url, process):
                         cpu.setdefault(key, {})[mode] = cpu_per_request(
@@ -366,9 +375,17 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
                 at_rate[name] = perf_analyzer(binary, url, window_ms, [
                     "--request-rate-range", str(rate), "--request-distribution", "constant"], slo)
                 peaks[name] = peak(binary, url, window_ms, concurrency, slo, name, progress)
-    def versus_direct(name: str) -> dict:
+            if floor:  # what a C++ server that passes each request on adds at the same rate: the added latency's bound
+                progress(f"native proxy floor: latency at {rate:g} requests/s")
+                with floor_server(triton.grpc_url, "proxy", native=True) as (url, _):
+                    at_rate[FLOOR_PROXY] = perf_analyzer(binary, url, window_ms, [
+                        "--request-rate-range", str(rate), "--request-distribution", "constant"], None)
+    def added(name: str) -> dict:
         return {"added_p50_ms": round(at_rate[name]["p50_ms"] - at_rate["direct"]["p50_ms"], 3),
-                "added_p99_ms": round(at_rate[name]["p99_ms"] - at_rate["direct"]["p99_ms"], 3),
+                "added_p99_ms": round(at_rate[name]["p99_ms"] - at_rate["direct"]["p99_ms"], 3)}
+
+    def versus_direct(name: str) -> dict:
+        return {**added(name),
                 "throughput_ratio": round(peaks[name]["throughput_qps"] / peaks["direct"]["throughput_qps"], 3)}
 
     return {
@@ -377,6 +394,7 @@ def bench(rate: float, concurrency: list[int], window_ms: int, slo_ms: float, cp
         "rate_qps": rate, "at_rate": at_rate, "peak": peaks,
         "cpu_rate_qps": cpu_rate, "cpu_us_per_request": cpu,
         **({"proxy_floor_peak_by_processes": proxy_peak} if proxy_peak else {}),
+        **({"native_proxy_floor": added(FLOOR_PROXY)} if FLOOR_PROXY in at_rate else {}),
         **({"fake_worker": alone} if alone is not None else {}),
         **({"py_spy_parts": parts(py_spy)} if py_spy is not None and py_spy.exists() else {}),
     }
@@ -426,6 +444,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"CPU us per request at {args.cpu_rate:g}/s:")
         for front_end, sides in result["cpu_us_per_request"].items():
             print(f"  {front_end:<10} " + "; ".join(f"{name} {_cpu_line(r)}" for name, r in sides.items()))
+        if "native_proxy_floor" in result:
+            r = result["native_proxy_floor"]
+            print(f"the native proxy floor: added p50 {r['added_p50_ms']:.2f} ms, added p99 {r['added_p99_ms']:.2f} ms")
         for label, peak in result.get("proxy_floor_peak_by_processes", {}).items():
             where = "the native proxy floor" if label == "native" else f"proxy floor in {label} process(es)"
             print(f"{where}: peak {peak['throughput_qps']:.0f}/s at concurrency {peak['concurrency']}")
