@@ -23,7 +23,7 @@ from scheduler_sidecar.errors import (
 )
 from scheduler_sidecar.live.driver import Answer, LiveDriver, LiveModel, ModelOptions, now_us
 from scheduler_sidecar.live.tensors import TensorSpec
-from scheduler_sidecar.live.workers import FakeWorker, Health, InferCall, SendingFakeWorker
+from scheduler_sidecar.live.workers import FakeWorker, Health, InferCall, SendingFakeWorker, split_outputs
 from scheduler_sidecar.server import config as sidecar_config
 from scheduler_sidecar.server.config import ModelSpec
 from scheduler_sidecar.server.metrics import Metrics, ModelMetrics
@@ -246,6 +246,18 @@ def test_with_no_worker_left_every_request_gets_an_explicit_error():
             await model.infer(row(0, 0), 1_000_000)
 
     asyncio.run(main())
+
+
+def test_an_answer_without_one_of_the_model_s_outputs_is_the_worker_s_failure():
+    """Seen live: a Loki BLS whose stub Triton had found unhealthy answered a batch without its STATUS output, and the
+    front end then failed each request with a KeyError; now the batch fails as the worker's (retried in halves, then
+    each request gets the worker's error)."""
+    status = TensorSpec("STATUS", "INT32", (1,))
+    call = InferCall("m1", "", ((INPUT, (bytes(8), bytes(8))),), (OUTPUT, status))
+    with pytest.raises(WorkerFailed, match=r"answered without output\(s\) \['STATUS'\]"):
+        split_outputs("a", call, [("LOGITS", bytes(24))])
+    rows = split_outputs("a", call, [("LOGITS", bytes(24)), ("STATUS", bytes(8)), ("EXTRA", b"x")])
+    assert [sorted(r) for r in rows] == [["LOGITS", "STATUS"]] * 2
 
 
 @BOTH_WAYS

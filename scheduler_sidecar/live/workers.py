@@ -267,20 +267,26 @@ def split_rows(url: str, call: InferCall, response: pb.ModelInferResponse) -> li
 
 
 def split_outputs(url: str, call: InferCall, outputs: Iterable[tuple[str, bytes]]) -> list[dict[str, bytes]]:
-    """Each output's raw bytes (name, bytes), split into one row per query."""
+    """Each output's raw bytes (name, bytes), split into one row per query; an answer without one of the outputs is
+    the worker's failure (a BLS model whose stub broke mid-batch answered so: its clients get the worker's error)."""
     k = call.rows
     wanted = {t.name: t for t in call.outputs}
     rows: list[dict[str, bytes]] = [{} for _ in range(k)]
+    got = 0
     for name, raw in outputs:
         spec = wanted.get(name)
         if spec is None:
             continue
+        got += 1
         size = spec.row_bytes
         if len(raw) != size * k:
             raise WorkerFailed(f"worker {url}: output '{name}' has {len(raw)} bytes, expected {size * k} "
                                f"for {k} rows")
         for i in range(k):
             rows[i][name] = raw[i * size:(i + 1) * size]
+    if got < len(wanted):
+        missing = sorted(set(wanted) - set(rows[0]))
+        raise WorkerFailed(f"worker {url}: model {call.model!r} answered without output(s) {missing}")
     return rows
 
 
