@@ -108,6 +108,7 @@ def test_ap_and_eo_on_the_family(hybridserve_family):
     assert ap.cost < 0.5 * family.costs[-1]  # a few times cheaper than the largest model alone
 
 
+@pytest.mark.slow
 def test_pruning_removes_a_model_that_answers_nothing(hybridserve_family):
     family = hybridserve_family
     preds = family.predictions("search")

@@ -114,6 +114,7 @@ def test_pooled_optimum_equals_the_per_device_optimum_at_40_workers():
     assert per_device.objective <= pooled.objective * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_accuracy_on_the_authors_profile_is_maximal_then_never_rises():
     """Highest while demand fits the most accurate feasible variants, non-increasing in demand, demand covered."""
     profiles = load_profiles()

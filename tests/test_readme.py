@@ -86,6 +86,7 @@ def _fields(out: str) -> dict[str, str]:
     return dict(line.strip().split(": ", 1) for line in out.splitlines() if ": " in line)
 
 
+@pytest.mark.slow
 def test_the_quick_readme_commands_run(tmp_path, monkeypatch, capsys):
     """Traces, their summary and the simulations on them, as written, in a folder of their own beside the shipped
     profiles; each says what its trace holds: as many queries (frames) as the trace it read, and ratios that are

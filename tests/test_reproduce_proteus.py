@@ -101,6 +101,7 @@ def test_reproduce_proteus_writes_every_figure(tmp_path, capsys):
     assert all(c["statement"] in summary for c in result["claims"])  # summary.md is written from the claims
 
 
+@pytest.mark.slow
 def test_the_overloaded_load_brings_the_traces_peak_to_what_the_cluster_serves_on_any_variants():
     """medium-normal_load at its own speed exceeds what the most accurate variants serve only at its peak (the
     MILP's capacity on the trace's mix: 954 q/s of a 1,065 q/s 10 s peak); the overloaded factor takes the peak to the

@@ -148,6 +148,7 @@ def test_a_hybridserve_cascade_behind_the_sidecar_is_planned_and_batched_alike(h
     assert runs[1][0].params == runs[0][0].params and "cascade_plan" in dict(runs[0][0].params)
 
 
+@pytest.mark.slow
 def test_a_loki_pipeline_behind_the_sidecar_is_planned_and_batched_alike():
     """Loki's live deployment: the pipeline's BLS model as the sidecar's one logical model (LokiPipeline), its
     controller re-planning every 2 s over 8 instances of the authors' traffic-analysis pipeline (tables sent with
