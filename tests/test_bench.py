@@ -146,6 +146,23 @@ def test_sampled_stacks_are_shared_among_parts_by_their_innermost_named_frame(tm
                              "asyncio (with grpc.aio's C callbacks)": 0.1}
 
 
+def test_the_cpu_of_each_thread_is_read_by_its_name_and_the_main_thread_is_named_main():
+    """`bench sidecar`'s split of the sidecar's CPU by thread: work on this thread counts as ``main``'s, and a process
+    that is gone has no threads."""
+    import os
+    import subprocess
+    import sys
+
+    from scheduler_sidecar.experiments.sidecar_bench import thread_seconds
+
+    before = thread_seconds(os.getpid())
+    assert before[os.getpid()][0] == "main"
+    sum(i * i for i in range(2_000_000))  # some 100 ms of CPU on this thread: ticks of 10 ms count it
+    assert thread_seconds(os.getpid())[os.getpid()][1] > before[os.getpid()][1]
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert thread_seconds(int(gone.stdout)) == {}
+
+
 def test_overload_rules_bench_compares_both_rules_with_admission_off_and_on(capsys):
     rows = run_json(capsys, "bench", "overload-rules", "--duration-s", "0.5", "--json")
     assert [(r["rule"], r["admission"]) for r in rows[:4]] == [("serve", False), ("serve", True), ("yield", False),

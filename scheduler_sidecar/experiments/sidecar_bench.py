@@ -12,7 +12,8 @@ targets over gRPC, one after the other, in the same run:
   ``http`` with binary tensors, ``streaming``: gRPC ``ModelStreamInfer``), the CPU time (user +
   system, all threads) the sidecar and Triton (with its python-backend stubs) spent over the
   whole perf_analyzer run, divided by the rows Triton served in it (its own statistics), direct
-  and through the sidecar. A front end the sidecar does not serve reports its error instead.
+  and through the sidecar, and the sidecar's split by thread (``sidecar_threads``: its event loop's, ``main``,
+  gRPC's and the native edge's). A front end the sidecar does not serve reports its error instead.
 
 - ``floor`` (with ``--floor``): the same CPU count for the least a Python ``grpc.aio`` front end
   costs (:mod:`.grpc_floor`): ``echo`` answers every request with a canned response, ``proxy``
@@ -42,6 +43,7 @@ import argparse
 import contextlib
 import csv
 import json
+import os
 import pstats
 import signal
 import socket
@@ -268,14 +270,36 @@ def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us:
     rows = rows_served(counted_at)
     pids = {"triton": triton.pid, **({"sidecar": sidecar.pid} if sidecar else {})}
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    threads_before = thread_seconds(sidecar.pid) if sidecar else {}
     try:
         result = constant_load(binary, url, window_ms, rate, slo_us, front_end)
     except RuntimeError as exc:
         return {"error": str(exc).rsplit(": ", 1)[-1][:300]}
     served = rows_served(counted_at) - rows
     used = {name: round((cpu_seconds(pid) - before[name]) / max(served, 1) * 1e6, 1) for name, pid in pids.items()}
+    threads = {}
+    for tid, (name, seconds) in (thread_seconds(sidecar.pid) if sidecar else {}).items():
+        threads[name] = threads.get(name, 0.0) + seconds - threads_before.get(tid, (name, 0.0))[1]
     return {**used, "total": round(sum(used.values()), 1), "requests": served,
-            "throughput_qps": result["throughput_qps"]}
+            "throughput_qps": result["throughput_qps"],
+            **({"sidecar_threads": {name: round(seconds / max(served, 1) * 1e6, 1)
+                                    for name, seconds in sorted(threads.items(), key=lambda kv: -kv[1])
+                                    if seconds > 0}} if threads else {})}
+
+
+def thread_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of a process: (its name, user + system CPU seconds). The main thread (the event loop's, in a
+    sidecar) is named ``main``; gRPC's and the native edge's threads name themselves (``edge-outbox``, ...), and the
+    rest keep the process's name. Empty for a process that is gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                name = "main" if int(tid) == pid else Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+    return out
 
 
 def peak(binary: Path, url: str, window_ms: int, concurrency: list[int], slo_us: int | None, name: str,
