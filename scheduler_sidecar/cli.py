@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import re
+import signal
 import sys
 
 from tritonclient.utils import InferenceServerException
@@ -90,7 +91,21 @@ def _plain(parser: argparse.ArgumentParser) -> None:
                 _plain(sub)
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``timeout``, a container's stop) exits as Ctrl-C does, through every ``with`` and ``finally``
+    on the way out, so the servers a command started are stopped: Python's default ends the process at once, and a
+    ``demo`` ended so left Locust sending and a python-backend stub of its Triton running. Exit status 143, the
+    shell's for SIGTERM. (``accscale serve`` installs its own handler: it drains.)"""
+    def stop(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM does not cut the clean-up short
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the console script; a test calling main() keeps its process's own handlers
+        exit_on_sigterm()
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = argv  # the command line, for what a command records of how it was run

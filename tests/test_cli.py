@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -61,3 +63,24 @@ def test_export_rejects_an_unknown_subnet_clearly(fast_build, tmp_path, capsys):
                  "--repository", str(tmp_path), "--static", "d999-w0.0.0"])
     assert code == 2
     assert "no calibrated statistics for ['d999-w0.0.0']" in capsys.readouterr().err
+
+
+def test_a_command_ended_by_sigterm_stops_what_it_started():
+    """SIGTERM exits through the command's ``with`` blocks, as Ctrl-C does: the child it started is stopped, where
+    Python's default would leave it running (a `demo` so ended left Locust and a Triton stub behind)."""
+    script = ("import subprocess, sys\n"
+              "from scheduler_sidecar.cli import exit_on_sigterm\n"
+              "exit_on_sigterm()  # what the console script's main() does first\n"
+              "with subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']) as child:\n"
+              "    print(child.pid, flush=True)\n"
+              "    try:\n"
+              "        child.wait()\n"
+              "    finally:\n"
+              "        child.kill()\n")
+    command = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    child = int(command.stdout.readline())
+    command.send_signal(signal.SIGTERM)
+    assert command.wait(timeout=60) == 128 + signal.SIGTERM
+    command.stdout.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # killed and reaped by the command on its way out
