@@ -11,17 +11,19 @@
 // cq-echo: echo on gRPC's other asynchronous API, a completion queue that one thread of ours drains (the callback
 //        API's alternative, measured beside it).
 // Metadata, config, statistics, health and repository calls go to Triton, as in the Python floor, and
-// ServerMetadata drops the statistics extension so perf_analyzer asks for none. gRPC's callback API: no thread per
-// call, the library's own pollers run the handlers, and no handler blocks (the proxy's Triton call completes in a
-// callback).
+// ServerMetadata drops the statistics extension so perf_analyzer asks for none. The other modes are on gRPC's callback
+// API: no thread per call, the library's own pollers run the handlers, and no handler blocks (the proxy's Triton call
+// completes in a callback); cq-echo's one thread waits for each call it passes to Triton (the first ModelInfer and
+// perf_analyzer's few others).
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <iostream>
 #include <memory>
-#include <future>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -218,13 +220,17 @@ int ServeCompletionQueue(const std::string& address, std::shared_ptr<grpc::Chann
     grpc::ByteBuffer request;
     enum { kAccepted, kRead, kAnswered } state = kAccepted;
   };
-  auto forward = [&stub](const std::string& method, const grpc::ByteBuffer& in) {
+  // Triton's answer to one call, or its error; a Triton that does not answer fails the call in 10 s
+  auto forward = [&stub](const std::string& method, const grpc::ByteBuffer& in, std::string* answer) {
     grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::ByteBuffer out;
-    std::promise<void> done;
-    stub.UnaryCall(&context, method, grpc::StubOptions(), &in, &out, [&done](grpc::Status) { done.set_value(); });
-    done.get_future().wait();
-    return Bytes(out);
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &in, &out,
+                   [&done](grpc::Status status) { done.set_value(std::move(status)); });
+    grpc::Status status = done.get_future().get();
+    if (status.ok()) *answer = Bytes(out);
+    return status;
   };
   auto accept = [&] {
     auto* call = new Call;
@@ -249,27 +255,31 @@ int ServeCompletionQueue(const std::string& address, std::shared_ptr<grpc::Chann
     }
     const std::string& method = call->context.method();
     std::string out;
+    grpc::Status status;
     if (method == "/inference.GRPCInferenceService/ModelInfer") {
-      if (canned.empty()) canned = forward(method, call->request);
+      if (canned.empty()) status = forward(method, call->request, &canned);  // kept only if Triton answered
       out = canned;
-      ++answered;
+      if (status.ok()) ++answered;
     } else if (method == "/inference.GRPCInferenceService/ModelStatistics") {
       inference::ModelStatisticsResponse r;
-      r.ParseFromString(forward(method, call->request));
-      for (auto& model : *r.mutable_model_stats()) model.set_inference_count(answered);
-      out = r.SerializeAsString();
+      if ((status = forward(method, call->request, &out)).ok() && r.ParseFromString(out)) {
+        for (auto& model : *r.mutable_model_stats()) model.set_inference_count(answered);
+        out = r.SerializeAsString();
+      }
     } else if (method == "/inference.GRPCInferenceService/ServerMetadata") {
       inference::ServerMetadataResponse r;
-      r.ParseFromString(forward(method, call->request));
-      auto* ext = r.mutable_extensions();
-      for (int i = ext->size() - 1; i >= 0; --i)
-        if (ext->Get(i) == "statistics") ext->erase(ext->begin() + i);
-      out = r.SerializeAsString();
+      if ((status = forward(method, call->request, &out)).ok() && r.ParseFromString(out)) {
+        auto* ext = r.mutable_extensions();
+        for (int i = ext->size() - 1; i >= 0; --i)
+          if (ext->Get(i) == "statistics") ext->erase(ext->begin() + i);
+        out = r.SerializeAsString();
+      }
     } else {
-      out = forward(method, call->request);
+      status = forward(method, call->request, &out);
     }
     call->state = Call::kAnswered;
-    call->stream.WriteAndFinish(Buffer(out), grpc::WriteOptions(), grpc::Status::OK, call);
+    if (status.ok()) call->stream.WriteAndFinish(Buffer(out), grpc::WriteOptions(), grpc::Status::OK, call);
+    else call->stream.Finish(status, call);  // Triton's error, as the callback floors pass it on
   }
   return 0;
 }

@@ -95,9 +95,11 @@ def exit_on_sigterm() -> None:
     """SIGTERM (``kill``, ``timeout``, a container's stop) exits as Ctrl-C does, through every ``with`` and ``finally``
     on the way out, so the servers a command started are stopped: Python's default ends the process at once, and a
     ``demo`` ended so left Locust sending and a python-backend stub of its Triton running. Exit status 143, the
-    shell's for SIGTERM. (``accscale serve`` installs its own handler: it drains.)"""
+    shell's for SIGTERM. (``accscale serve``, once it serves, stops on its own handler instead, draining.)"""
     def stop(signum, frame) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM does not cut the clean-up short
+        # a second SIGTERM does not cut the clean-up short; a handler, not SIG_IGN, which a child started meanwhile
+        # would inherit and then ignore its own terminate()
+        signal.signal(signal.SIGTERM, lambda *_: print("stopping already", file=sys.stderr))
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -68,19 +69,33 @@ def test_export_rejects_an_unknown_subnet_clearly(fast_build, tmp_path, capsys):
 def test_a_command_ended_by_sigterm_stops_what_it_started():
     """SIGTERM exits through the command's ``with`` blocks, as Ctrl-C does: the child it started is stopped, where
     Python's default would leave it running (a `demo` so ended left Locust and a Triton stub behind)."""
-    script = ("import subprocess, sys\n"
-              "from scheduler_sidecar.cli import exit_on_sigterm\n"
-              "exit_on_sigterm()  # what the console script's main() does first\n"
-              "with subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']) as child:\n"
-              "    print(child.pid, flush=True)\n"
-              "    try:\n"
-              "        child.wait()\n"
-              "    finally:\n"
-              "        child.kill()\n")
-    command = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-    child = int(command.stdout.readline())
-    command.send_signal(signal.SIGTERM)
-    assert command.wait(timeout=60) == 128 + signal.SIGTERM
-    command.stdout.close()
-    with pytest.raises(ProcessLookupError):
-        os.kill(child, 0)  # killed and reaped by the command on its way out
+    script = ("import signal, subprocess, sys\n"
+              "from scheduler_sidecar import cli\n"
+              "sys.argv = ['accscale', 'trace', 'gen', '--help']\n"
+              "try:\n"
+              "    cli.main()  # the console script's way in: it installs the handler, then prints its help\n"
+              "except SystemExit:\n"
+              "    pass\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+              "try:\n"
+              "    print('child', child.pid, flush=True)\n"
+              "    child.wait()\n"
+              "finally:\n"
+              "    child.kill()\n"
+              "    child.wait()\n")
+    command = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    child = None
+    try:
+        child = int(next(line for line in command.stdout if line.startswith("child")).split()[1])
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(timeout=60) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)  # killed and reaped by the command on its way out
+    finally:
+        command.kill()
+        command.wait()
+        command.stdout.close()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)

@@ -256,6 +256,8 @@ def test_an_answer_without_one_of_the_model_s_outputs_is_the_worker_s_failure():
     call = InferCall("m1", "", ((INPUT, (bytes(8), bytes(8))),), (OUTPUT, status))
     with pytest.raises(WorkerFailed, match=r"answered without output\(s\) \['STATUS'\]"):
         split_outputs("a", call, [("LOGITS", bytes(24))])
+    with pytest.raises(WorkerFailed, match="STATUS"):  # an output given twice hides none missing
+        split_outputs("a", call, [("LOGITS", bytes(24)), ("LOGITS", bytes(24))])
     rows = split_outputs("a", call, [("LOGITS", bytes(24)), ("STATUS", bytes(8)), ("EXTRA", b"x")])
     assert [sorted(r) for r in rows] == [["LOGITS", "STATUS"]] * 2
 

@@ -11,7 +11,8 @@ KServe v2 over ``grpc.aio``, as the sidecar does, with nothing else on the path:
 - ``edge``: ``proxy`` on the sidecar's native edge (native/edge.cc): its C++ server takes the requests
   and its C++ client calls Triton, and Python only passes each request from one to the other and
   each answer back, woken by their eventfds, as the sidecar's event loop is. What a sidecar on the
-  native edge costs before its engine, policy and checks do anything.
+  native edge costs before its engine, policy and checks do anything. For the bench's model only:
+  raw FP32 inputs, and answers of 10 FP32 logits a row; anything else gets an error.
 
 Metadata, config, statistics and health calls are passed to Triton. The bench measures this
 process's CPU per request as it measures the sidecar's: what the sidecar cannot go below on this
@@ -91,9 +92,13 @@ async def serve_edge(port: int, triton: str) -> None:
 
     def take() -> None:
         for arrival in edge.take(512, 0):
-            if arrival[1] != 0:  # a cancellation (or an HTTP request, which this floor does not serve)
+            rid, kind = arrival[0], arrival[1]
+            if kind == 1:  # a cancellation: its answer, when it comes, goes nowhere
                 continue
-            rid, _, model, version, _, _, inputs, _, _, _, _ = arrival
+            if kind != 0 or arrival[6] is None:  # HTTP, or typed contents: not this floor's
+                edge.fail(rid, grpc.StatusCode.UNIMPLEMENTED.value[0], 501, "raw gRPC inputs only", "RequestError")
+                continue
+            _, _, model, version, _, _, inputs, _, _, _, _ = arrival
             token = next(tokens)
             asking[token] = rid
             client.infer(token, triton, model, version, [(n, d, s, [raw]) for n, d, s, raw in inputs], {}, 10**7)
@@ -101,6 +106,8 @@ async def serve_edge(port: int, triton: str) -> None:
     def answered() -> None:
         for token, code, message, _, outputs in client.take(512):
             rid = asking.pop(token)
+            if not code and any(len(raw) % 40 for _, raw in outputs):
+                code, message = grpc.StatusCode.INTERNAL.value[0], "not 10 FP32 logits a row"
             if code:
                 edge.fail(rid, code, 500, message, "WorkerError")
             else:  # the trivial model's logits, the one output the bench's model has

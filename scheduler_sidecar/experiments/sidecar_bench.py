@@ -278,8 +278,10 @@ def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us:
     served = rows_served(counted_at) - rows
     used = {name: round((cpu_seconds(pid) - before[name]) / max(served, 1) * 1e6, 1) for name, pid in pids.items()}
     threads = {}
-    for tid, (name, seconds) in (thread_seconds(sidecar.pid) if sidecar else {}).items():
-        threads[name] = threads.get(name, 0.0) + seconds - threads_before.get(tid, (name, 0.0))[1]
+    for key, (name, seconds) in (thread_seconds(sidecar.pid) if sidecar else {}).items():
+        threads[name] = threads.get(name, 0.0) + seconds - threads_before.get(key, (name, 0.0))[1]
+    if threads:  # threads that ended during the run took CPU no /proc entry shows any more
+        threads["other"] = max(0.0, cpu_seconds(sidecar.pid) - before["sidecar"] - sum(threads.values()))
     return {**used, "total": round(sum(used.values()), 1), "requests": served,
             "throughput_qps": result["throughput_qps"],
             **({"sidecar_threads": {name: round(seconds / max(served, 1) * 1e6, 1)
@@ -287,10 +289,11 @@ def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us:
                                     if seconds > 0}} if threads else {})}
 
 
-def thread_seconds(pid: int) -> dict[int, tuple[str, float]]:
-    """Each thread of a process: (its name, user + system CPU seconds). The main thread (the event loop's, in a
-    sidecar) is named ``main``; gRPC's and the native edge's threads name themselves (``edge-outbox``, ...), and the
-    rest keep the process's name. Empty for a process that is gone."""
+def thread_seconds(pid: int) -> dict[tuple[int, int], tuple[str, float]]:
+    """Each thread of a process, by (thread id, start time: an id the kernel hands out again is another thread):
+    (its name, user + system CPU seconds). The main thread (the event loop's, in a sidecar) is named ``main``;
+    gRPC's and the native edge's threads name themselves (``edge-outbox``, ...), and the rest keep the process's
+    name. Empty for a process that is gone."""
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     with contextlib.suppress(OSError):
@@ -298,7 +301,8 @@ def thread_seconds(pid: int) -> dict[int, tuple[str, float]]:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 name = "main" if int(tid) == pid else Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
                 fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-                out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)  # utime, stime
+                # after the name: utime and stime are fields 14 and 15 of stat(5), starttime 22
+                out[int(tid), int(fields[19])] = (name, (int(fields[11]) + int(fields[12])) / tick)
     return out
 
 
@@ -458,7 +462,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        for name in result["at_rate"]:
+        for name in result["peak"]:  # the targets (the native proxy floor's latency is printed below)
             r, p = result["at_rate"][name], result["peak"][name]
             print(f"{name:<8} at {args.rate:g}/s: p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
                   f"peak {p['throughput_qps']:.0f}/s at concurrency {p['concurrency']}")

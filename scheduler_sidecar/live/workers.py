@@ -272,20 +272,20 @@ def split_outputs(url: str, call: InferCall, outputs: Iterable[tuple[str, bytes]
     k = call.rows
     wanted = {t.name: t for t in call.outputs}
     rows: list[dict[str, bytes]] = [{} for _ in range(k)]
-    got = 0
+    seen = set()
     for name, raw in outputs:
         spec = wanted.get(name)
         if spec is None:
             continue
-        got += 1
+        seen.add(name)
         size = spec.row_bytes
         if len(raw) != size * k:
             raise WorkerFailed(f"worker {url}: output '{name}' has {len(raw)} bytes, expected {size * k} "
                                f"for {k} rows")
         for i in range(k):
             rows[i][name] = raw[i * size:(i + 1) * size]
-    if got < len(wanted):
-        missing = sorted(set(wanted) - set(rows[0]))
+    if len(seen) < len(wanted):
+        missing = sorted(set(wanted) - seen)
         raise WorkerFailed(f"worker {url}: model {call.model!r} answered without output(s) {missing}")
     return rows
 
