@@ -104,15 +104,9 @@ def _temporary_files_in_pytests_tree(tmp_path_factory: pytest.TempPathFactory):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests first on every worker, so that the long ones start early instead of ending the run on one worker
-    while the others idle. pytest-xdist's worksteal hands each of N workers one contiguous Nth of the list to begin
-    with (and steals from the ends of those): the slow tests sorted to the front all went to the first worker, which
-    then ran them one after another while the others ran the quick ones. So the slow and the quick are dealt in turn
-    into N parts, each slow ones first; every worker computes the same order."""
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    quick = [item for item in items if item.get_closest_marker("slow") is None]
-    items[:] = [item for k in range(workers) for item in (*slow[k::workers], *quick[k::workers])]
+    """Slow tests first: spread over pytest-xdist's workers, the long ones start early instead of ending the run on
+    one worker while the others idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # --------------------------------------------------------------------------- every test that starts Triton says so
