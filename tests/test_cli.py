@@ -76,7 +76,7 @@ def test_a_command_ended_by_sigterm_stops_what_it_started():
               "    cli.main()  # the console script's way in: it installs the handler, then prints its help\n"
               "except SystemExit:\n"
               "    pass\n"
-              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'])  # a server's stand-in\n"
               "try:\n"
               "    print('child', child.pid, flush=True)\n"
               "    child.wait()\n"

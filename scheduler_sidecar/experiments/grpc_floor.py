@@ -80,6 +80,9 @@ class Floor(service_pb2_grpc.GRPCInferenceServiceServicer):
         return self.canned
 
 
+LOGITS, ROW_BYTES = 10, 40  # the bench's trivial model answers 10 FP32 logits a row
+
+
 async def serve_edge(port: int, triton: str) -> None:
     """The ``edge`` mode: the edge's other calls (metadata, statistics) go straight to Triton."""
     from scheduler_sidecar.native import edge as native_edge  # lazy: the native edge is built on first use
@@ -106,12 +109,12 @@ async def serve_edge(port: int, triton: str) -> None:
     def answered() -> None:
         for token, code, message, _, outputs in client.take(512):
             rid = asking.pop(token)
-            if not code and any(len(raw) % 40 for _, raw in outputs):
-                code, message = grpc.StatusCode.INTERNAL.value[0], "not 10 FP32 logits a row"
+            if not code and any(len(raw) % ROW_BYTES for _, raw in outputs):
+                code, message = grpc.StatusCode.INTERNAL.value[0], f"not {LOGITS} FP32 logits a row"
             if code:
                 edge.fail(rid, code, 500, message, "WorkerError")
             else:  # the trivial model's logits, the one output the bench's model has
-                edge.answer(rid, [(name, "FP32", [len(raw) // 40, 10], raw) for name, raw in outputs], {})
+                edge.answer(rid, [(name, "FP32", [len(raw) // ROW_BYTES, LOGITS], raw) for name, raw in outputs], {})
 
     loop = asyncio.get_running_loop()
     loop.add_reader(edge.fd, take)

@@ -276,12 +276,13 @@ def cpu_per_request(binary: Path, url: str, window_ms: int, rate: float, slo_us:
     except RuntimeError as exc:
         return {"error": str(exc).rsplit(": ", 1)[-1][:300]}
     served = rows_served(counted_at) - rows
-    used = {name: round((cpu_seconds(pid) - before[name]) / max(served, 1) * 1e6, 1) for name, pid in pids.items()}
+    spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    used = {name: round(seconds / max(served, 1) * 1e6, 1) for name, seconds in spent.items()}
     threads = {}
     for key, (name, seconds) in (thread_seconds(sidecar.pid) if sidecar else {}).items():
         threads[name] = threads.get(name, 0.0) + seconds - threads_before.get(key, (name, 0.0))[1]
     if threads:  # threads that ended during the run took CPU no /proc entry shows any more
-        threads["other"] = max(0.0, cpu_seconds(sidecar.pid) - before["sidecar"] - sum(threads.values()))
+        threads["other"] = max(0.0, spent["sidecar"] - sum(threads.values()))
     return {**used, "total": round(sum(used.values()), 1), "requests": served,
             "throughput_qps": result["throughput_qps"],
             **({"sidecar_threads": {name: round(seconds / max(served, 1) * 1e6, 1)

@@ -284,8 +284,8 @@ def split_outputs(url: str, call: InferCall, outputs: Iterable[tuple[str, bytes]
                                f"for {k} rows")
         for i in range(k):
             rows[i][name] = raw[i * size:(i + 1) * size]
-    if len(seen) < len(wanted):
-        missing = sorted(set(wanted) - seen)
+    missing = sorted(set(wanted) - seen)
+    if missing:
         raise WorkerFailed(f"worker {url}: model {call.model!r} answered without output(s) {missing}")
     return rows
 
