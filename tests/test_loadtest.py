@@ -160,9 +160,16 @@ def test_fidelity_hybridserve_scores_the_same_samples_on_both_sides(capsys, hybr
     """HybridServe's cascade served staged behind the sidecar, 4 seconds at 100 requests/s on 8 model instances
     (each a process to start; the demo's 16 change no shape asserted): accuracy is the answers' worth on both sides,
     the simulation runs the deployed cascade's models, and the gaps are the two sides'."""
+    from scheduler_sidecar.experiments.hybridserve.demo import default_slowdown  # lazy: the family's own
+
     assert main(["bench", "fidelity", "--system", "hybridserve", "--build-dir", str(hybridserve_family.folder.parent),
-                 "--duration-s", "4", "--rate-qps", "100", "--instances", "8", "--json"]) == 0
+                 "--duration-s", "4", "--rate-qps", "100", "--instances", "8", "--slowdown", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
+    # --slowdown: the demo's emulated device, twice as slow; beside the cost model's capacity, the most the first
+    # model's replicas serve, which every request reaches (which of the two is larger is the measured profile's)
+    deployment = result["deployment"]
+    assert deployment["slowdown"] == pytest.approx(2 * default_slowdown(hybridserve_family), abs=0.1)
+    assert deployment["first_model_ceiling_qps"] > 0 and deployment["capacity_qps"] > 0
     assert result["accuracy_metric"] == "measured_accuracy" and result["deployment"]["serving"] == "staged"
     # each client request is counted once by the sidecar, at the model that answered it, escalations left out
     assert result["live_client"]["queries"] == result["live_sidecar"]["queries"] == result["queries"] > 0

@@ -1,7 +1,7 @@
 """``accscale bench fidelity --system hybridserve``: HybridServe live against HybridServe simulated.
 
 The HybridServe demo's family (:mod:`scheduler_sidecar.experiments.hybridserve.demo`) on one Triton whose models run
-its emulated slowdown, the cascade the planner searches (``--mode``, ``--instances``, ``--rounding``, ``--no-prune``),
+its emulated slowdown (``--slowdown`` times it: a device that much slower), the cascade the planner searches (``--mode``, ``--instances``, ``--rounding``, ``--no-prune``),
 and a gamma trace (CV² 4) at ``--rate-qps`` (or ``--load`` times the cost model's capacity on the replicas) whose
 payload indices are samples of the family's test split. Served two ways (``--serving``):
 
@@ -68,15 +68,20 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     """See the module notes."""
     stamp = build(args.build_dir / "hybridserve")
     family = Family.load(stamp)
-    config = HybridServeConfig(args.instances or INSTANCES, args.rounding, demo.default_slowdown(family))
+    config = HybridServeConfig(args.instances or INSTANCES, args.rounding, demo.default_slowdown(family) * args.slowdown)
     progress(f"searching {args.mode}'s cascade (Algorithm 1{', 2' if args.prune else ''})")
     # the sidecar's planner makes the same search from the same options
     planner = HybridServePlanner.from_family(stamp, args.mode, demo.BLS, config, prune=args.prune)
     cascade = planner.point.cascade
     images, labels = family.images("test")
     # the cost model's: what the cascade's replicas keep up with (the busiest model's R_i / (ρ_i l_i), §V-C)
-    capacity = planner.point.capacity_rps(family, tuple(planner.replicas[m] for m in cascade.models)) \
-        / config.slowdown
+    replicas = tuple(planner.replicas[m] for m in cascade.models)
+    capacity = planner.point.capacity_rps(family, replicas) / config.slowdown
+    # what the first model's replicas serve at most, at its largest profiled batch: every request reaches it, and no
+    # SLO-aware early answer relieves it as one relieves the models after it. Near it, batches a few percent over
+    # their profiled time tip Clipper+ into ever smaller batches as its queue ages, and the throughput falls away
+    first = family.models[family.names.index(cascade.models[0])].latency
+    ceiling = replicas[0] * first.batch_sizes[-1] / (first.p50_at(first.batch_sizes[-1]) / 1000) / config.slowdown
     trace, sample = _cascade_trace(args, tmp / "trace.txt", len(labels), capacity)
     staged = args.serving == "staged"
     if staged:  # each model its own logical model, on its replicas' instances, set before the sidecar starts
@@ -107,7 +112,6 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     answers = _sidecar_answers(log)
     server["measured_accuracy"] = answers["measured_accuracy"]
     index = [family.names.index(m) for m in cascade.models]
-    replicas = [planner.replicas[m] for m in cascade.models]
     arrival_us = np.round(trace.arrival_s * 1e6).astype(np.int64)
     preds = family.predictions("test").subset(index)
     sim = simulate(family, cascade, replicas, preds, arrival_us, args.slo_ms, slowdown=config.slowdown, sample=sample)
@@ -135,7 +139,7 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
                        "bls_instances": None if staged else args.bls_instances or demo.BLS_INSTANCES,
                        "slowdown": round(config.slowdown, 1),
                        "slo_ms": args.slo_ms, "rate_qps": round(trace.mean_rate_qps, 1),
-                       "capacity_qps": round(capacity, 1),
+                       "capacity_qps": round(capacity, 1), "first_model_ceiling_qps": round(ceiling, 1),
                        "reload_ms_live": {m: int(ms) for m, _, done, ms in reloads if done == "reloaded"}},
         "differences": {
             "client_delay_ms": client_delay_ms([log]),
