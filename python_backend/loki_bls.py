@@ -13,6 +13,7 @@ The plan comes with each request as the parameter ``loki_plan`` (a JSON object; 
 balancer's tables) or, without one, from ``plan.json`` beside this file (written by the deployment). A plan has::
 
     {"version": 3, "drop": "rerouting",                  # none | last-task | per-task | rerouting
+     "dequeue": "hopeless", "rest_ms": {model: ...},     # the check before a batch (none | hopeless), the rest
      "tables": {"frontend": {"detect": [[model, p], ...]},
                 "<detector model>": {"digits": [[model, p], ...], "shapes": [...]}},
      "budget_ms": {detector: ...},                       # the task's latency budget at that detector
@@ -36,7 +37,13 @@ opportunistic rerouting, §5.2) says otherwise; exactly as in the simulator:
   execution (the work queued ahead, as the simulator counts a worker's queue);
 - a reroute spends one query of the backup's spare capacity, a per-second :class:`Allowance`;
 - with ``last-task``, a crop whose classifier batch cannot finish in its frame's time left is dropped before
-  that batch runs (its frame's ``left_ms`` minus the time this execution has taken).
+  that batch runs (its frame's ``left_ms`` minus the time this execution has taken);
+- with ``per-task`` or ``rerouting`` and the plan's ``dequeue`` "hopeless" (the simulator's default check before a
+  batch), when an instance is free for a stage batch, a frame or crop that would end past its deadline in that
+  batch (the model's ``exec_ms``) even if every stage after it ran as fast as any variant can (its ``rest_ms``) is
+  dropped before the batch runs: a frame before its detector (answered dropped, with no objects), a crop before
+  its classifier. Decision: the batch's time is the plan's at the planned batch size, which the simulator takes
+  at the size the batch has; a smaller batch than planned is checked a little early.
 
 The stages run as the pipeline allows (``async def execute``, ``async_exec``), as the simulator's workers do: an
 execution's detector batches are all in flight at once, as many of one detector as the plan runs instances of it,
@@ -75,7 +82,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from python_backend import bls
-from python_backend.loki_routing import DROP_MODES, Allowance, Choice, next_hop, too_late
+from python_backend.loki_routing import (
+    BLS_DEQUEUES,
+    DROP_MODES,
+    Allowance,
+    Choice,
+    drops_at_dequeue,
+    hopeless,
+    next_hop,
+    too_late,
+)
 from python_backend.pipeline import MAX_OBJECTS, crops, decode
 
 KIND_TASK = {0: "digits", 1: "shapes"}
@@ -96,6 +112,7 @@ class Frame:
     done_ms: float = 0.0  # ... when its last crop was labelled
     objects: list[dict] = field(default_factory=list)
     dropped: list[dict] = field(default_factory=list)
+    hopeless: bool = False  # dropped before its detector batch ran (the plan's ``dequeue``)
 
 
 @dataclass
@@ -150,6 +167,8 @@ class TritonPythonModel:
             raise ValueError("the plan must be an object with 'tables'")
         if plan.get("drop", "rerouting") not in DROP_MODES:
             raise ValueError(f"the plan's drop must be one of {DROP_MODES}")
+        if plan.get("dequeue", "none") not in BLS_DEQUEUES:
+            raise ValueError(f"the plan's dequeue must be one of {BLS_DEQUEUES}")
         if not _whole(plan.get("version", 0), 0) or not all(_whole(n) for n in plan.get("instances", {}).values()):
             raise ValueError("the plan's version must be a whole number >= 0, its instance counts >= 1")
         tables = plan["tables"]
@@ -176,7 +195,10 @@ class TritonPythonModel:
         for detector in {m for m, _ in frontend}:
             if any(not tables.get(detector, {}).get(task) for task in KIND_TASK.values()):
                 raise ValueError(f"the plan has no table from {detector!r} to each of {list(KIND_TASK.values())}")
-        for key, models, valid in (("budget_ms", detectors, bls.number), ("exec_ms", classifiers, bls.number),
+        checked = _checks_before_running(plan)  # a stage's execution and the rest after it, for every stage model
+        for key, models, valid in (("budget_ms", detectors, bls.number),
+                                   ("exec_ms", detectors | classifiers if checked else classifiers, bls.number),
+                                   ("rest_ms", detectors | classifiers if checked else (), bls.number),
                                    ("batch", detectors | classifiers, _whole)):
             missing = [m for m in models if not valid(plan.get(key, {}).get(m))]
             if missing:
@@ -191,7 +213,7 @@ class TritonPythonModel:
             rows += [(d["row"], d["col"], d["kind"], -1, -1, 2) for d in f.dropped]
             if rows:
                 objects[i, :min(len(rows), MAX_OBJECTS)] = rows[:MAX_OBJECTS]
-            status[i] = (bool(f.dropped), self.index.get(f.detector, -1), f.plan.get("version") or 0,
+            status[i] = (bool(f.dropped) or f.hopeless, self.index.get(f.detector, -1), f.plan.get("version") or 0,
                          sum(f.plan.get("instances", {}).values()))
         stage_ms = np.array([(f.waited_ms, f.detected_ms, f.done_ms) for f in frames], np.float32).reshape(-1, 3)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OBJECTS", objects),
@@ -208,6 +230,17 @@ class TritonPythonModel:
 
         async def detect(detector: str, chunk: list[Frame]) -> None:
             async with _slots(slots, detector, chunk[0].plan):
+                # with an instance free for it, as the simulator's worker dequeues a batch: a frame that cannot
+                # make its deadline even on the fastest rest of its path is dropped before its detector runs
+                elapsed_ms = (time.perf_counter() - start) * 1000
+                for f in chunk:
+                    f.hopeless = _checks_before_running(f.plan) and hopeless(
+                        f.left_ms - elapsed_ms, f.plan["exec_ms"][detector], f.plan["rest_ms"][detector])
+                    if f.hopeless:
+                        pb_utils.Logger.log_verbose(f"a frame dropped: {f.left_ms - elapsed_ms:.1f} ms left")
+                chunk = [f for f in chunk if not f.hopeless]
+                if not chunk:
+                    return
                 heat = await bls.infer_async(detector, np.stack([f.pixels for f in chunk]))
                 if self.scripted:
                     await asyncio.sleep(max(f.delay_ms for f in chunk) / 1000)
@@ -249,8 +282,9 @@ class TritonPythonModel:
     async def _classify(self, model: str, batch: int, queue: list[Crop], start: float,
                         slots: dict[str, asyncio.Semaphore]) -> None:
         """Run ``model`` on its crops, earliest deadline first, in batches of ``batch``, as many at once as it has
-        planned instances; with last-task dropping, the crops at the head that its next batch cannot finish in time
-        are dropped when an instance is free for it."""
+        planned instances; with last-task dropping, or the ``hopeless`` check before a batch (a leaf's rest is 0: the
+        same test), the crops at the head that its next batch cannot finish in time are dropped when an instance is
+        free for it."""
         queue = sorted(queue, key=lambda c: c.frame.left_ms)
         slot = _slots(slots, model, queue[0].frame.plan)
         running = []
@@ -271,10 +305,9 @@ class TritonPythonModel:
             while queue and not any(t.done() and t.exception() for t in running):  # a failed batch fails them all
                 await slot.acquire()
                 elapsed_ms = (time.perf_counter() - start) * 1000
-                while queue and queue[0].frame.plan.get("drop") == "last-task" and \
-                        too_late(queue[0].frame.left_ms - elapsed_ms, queue[0].frame.plan["exec_ms"][model]):
+                while queue and _too_late(queue[0].frame.plan, model, queue[0].frame.left_ms - elapsed_ms):
                     crop = queue.pop(0)
-                    self._drop(crop.frame, crop.detection, "last-task: the classifier cannot finish within the SLO")
+                    self._drop(crop.frame, crop.detection, "the classifier cannot finish within the SLO")
                 chunk, queue = queue[:batch], queue[batch:]
                 if not chunk:
                     slot.release()
@@ -323,6 +356,19 @@ def per_row(options: dict, key: str, rows: int, default: float, worst: Callable[
     if len(values) < rows:
         raise ValueError(f"{key} has {len(values)} numbers for {rows} frames")
     return [float(v) for v in values] if len(values) == rows else [float(worst(values))] * rows
+
+
+def _checks_before_running(plan: dict) -> bool:
+    """Whether the plan's ``dequeue`` check runs before each stage batch (the simulator's rule, shared)."""
+    return drops_at_dequeue(plan.get("drop", "rerouting"), plan.get("dequeue", "none"))
+
+
+def _too_late(plan: dict, model: str, left_ms: float) -> bool:
+    """A crop of ``model`` with ``left_ms`` to its deadline is dropped before its batch: last-task's check, or the
+    ``hopeless`` one."""
+    if plan.get("drop") == "last-task":
+        return too_late(left_ms, plan["exec_ms"][model])
+    return _checks_before_running(plan) and hopeless(left_ms, plan["exec_ms"][model], plan["rest_ms"][model])
 
 
 def _slots(slots: dict[str, asyncio.Semaphore], model: str, plan: dict) -> asyncio.Semaphore:

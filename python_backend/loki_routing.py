@@ -21,6 +21,11 @@ import enum
 from collections.abc import Callable, Hashable, Iterable, Mapping
 
 DROP_MODES = ("none", "last-task", "per-task", "rerouting")
+# what per-task dropping and rerouting also check before a batch runs (the decision and its measurements:
+# scheduler_sidecar.systems.loki.policy); the BLS model makes the first two (the artifact's needs each task's queue,
+# which a BLS execution does not have)
+DEQUEUES = ("none", "hopeless", "artifact")
+BLS_DEQUEUES = DEQUEUES[:2]
 
 
 class Choice(enum.Enum):
@@ -79,3 +84,15 @@ def expiring(waited: float, execution: float, budget: float) -> bool:
 def too_late(time_left: float, execution: float) -> bool:
     """Last-task dropping: a leaf query whose execution cannot finish in the time its frame has left (any unit)."""
     return execution > time_left
+
+
+def drops_at_dequeue(mode: str, dequeue: str) -> bool:
+    """Whether the check ``dequeue`` runs before each batch: with per-task dropping and rerouting only."""
+    return dequeue != "none" and mode in ("per-task", "rerouting")
+
+
+def hopeless(time_left: float, execution: float, rest: float) -> bool:
+    """The ``hopeless`` check before a batch runs: a query that would end past its frame's deadline if it ran now, in
+    a batch that takes ``execution``, and every task after it ran as fast as any variant can (``rest``: the
+    slowest branch of fastest variants at batch 1, no wait); any one unit. A leaf's rest is 0: last-task's check."""
+    return execution + rest > time_left

@@ -203,6 +203,28 @@ def test_last_task_drops_the_crops_of_a_frame_without_the_time_left(server, fram
     assert short["status"] == "dropped" and {o["outcome"] for o in short["objects"]} == {"dropped"}
 
 
+def test_the_hopeless_check_drops_a_frame_before_its_detector_and_a_crop_before_its_classifier(server, frames):
+    """The simulator's check before a batch (``dequeue`` "hopeless"), made by the BLS when an instance is free for the
+    batch: a frame whose time left is below its detector's 50 ms and the 100 ms fastest rest after it is dropped
+    before the detector runs (no objects, no detector time); one with 300 ms passes the detector, which is scripted to
+    take 250 ms, and its crops, then with under 100 ms left (the classifier's time, a leaf's rest 0), are dropped
+    before their classifier; one with 2 s is served. The margins (150 ms before the detector, 50 after it) are the
+    BLS's own time. A plan that asks for a check the BLS cannot make, or lacks a rest, is refused."""
+    plan = {**PLAN, "dequeue": "hopeless", "budget_ms": {"loki_detect_cc": 5000.0},  # no rerouting: the table's
+            "exec_ms": {**PLAN["exec_ms"], "loki_detect_cc": 50.0},
+            "rest_ms": {"loki_detect_cc": 100.0, **dict.fromkeys(PLAN["exec_ms"], 0.0)}}
+    served, crops_dropped, frame_dropped = _send(server, frames[:3], loki_plan=plan, left_ms=[2000.0, 300.0, 100.0],
+                                                 detect_delay_ms=250)
+    assert served["status"] == "served" and {o["outcome"] for o in served["objects"]} == {"table"}
+    assert crops_dropped["status"] == "dropped" and crops_dropped["detected_ms"] >= 250
+    assert crops_dropped["objects"] and {o["outcome"] for o in crops_dropped["objects"]} == {"dropped"}
+    assert frame_dropped["status"] == "dropped" and frame_dropped["objects"] == []
+    assert frame_dropped["detected_ms"] == 0.0
+    for bad in ({**plan, "dequeue": "artifact"}, {**plan, "rest_ms": {}}):
+        with pytest.raises(grpcclient.InferenceServerException, match="dequeue|rest_ms"):
+            _send(server, frames[:1], loki_plan=bad)
+
+
 def _batches(client: grpcclient.InferenceServerClient, model: str) -> Counter:
     """How many batches of each size ``model`` has run."""
     stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]

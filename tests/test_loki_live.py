@@ -17,6 +17,7 @@ from scheduler_sidecar.core.records import Query, WorkerState
 from scheduler_sidecar.systems.loki.data import traffic_analysis
 from scheduler_sidecar.systems.loki.live import LivePlanner, LokiPipeline
 from scheduler_sidecar.systems.loki.planner import LokiConfig
+from scheduler_sidecar.systems.loki.policy import fastest_rest_ms
 from tests.conftest import REPO_ROOT
 
 BLS = "loki_pipeline"
@@ -115,6 +116,25 @@ def test_the_policy_sends_each_triton_the_newest_plan_it_has_loaded_and_each_fra
     assert len(policy.plans) == 2  # the old plan stays while a worker has not loaded the new one
     policy.decide(now_us, queue.view(), [current])
     assert len(policy.plans) == 1
+
+
+def test_the_bls_plan_asks_for_the_simulators_check_before_each_batch():
+    """The BLS makes the simulator's default check before each stage batch (``hopeless``): the plan says so and
+    carries each planned variant's fastest rest of its path, 0 for a leaf; the artifact's check, which needs each
+    task's queue, is refused, as is an unknown one."""
+    pipeline = traffic_analysis()
+    planner = LivePlanner(pipeline, 20, LokiConfig(min_demand_qps=1.0))
+    planner.initial_demand_qps = 600.0
+    bls = planner.plan(0, Demand(0, 1, {})).detail.bls
+    assert bls["dequeue"] == "hopeless" and set(bls["rest_ms"]) == set(bls["exec_ms"])
+    for variant, rest in bls["rest_ms"].items():
+        task = pipeline.task_of(variant)
+        assert rest == fastest_rest_ms(pipeline, variant)
+        assert (rest == 0) is (not task.children) and rest >= 0
+    assert LivePlanner(pipeline, 20, dequeue="none").plan(0, Demand(0, 1, {})).detail.bls["dequeue"] == "none"
+    for dequeue in ("artifact", "sometimes"):
+        with pytest.raises(ValueError, match="before a batch"):
+            LivePlanner(pipeline, 20, dequeue=dequeue)
 
 
 @pytest.mark.slow

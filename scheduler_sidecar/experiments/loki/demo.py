@@ -353,8 +353,10 @@ def write(out: Path, rows: list[dict], args, by_stage: dict[str, dict[str, list[
                "live fell short of the simulation; of the burst's frames live did not meet, "
                + ", ".join(f"{v} {k}" for k, v in short.items())
                + " (refused: the sidecar dropped them before the pipeline ran, having too little time left for "
-                 "its slowest path; dropped: by the pipeline, a crop past its task's budget with no backup to take "
-                 "it, its wait in the sidecar and the detector's queue counted; late: answered after the SLO)")
+                 "any detector of the plan and the fastest rest of the path; dropped: by the pipeline, a frame or "
+                 "crop without the time left for its stage and the fastest rest, or a crop past its task's budget "
+                 "with no backup to take it, its wait in the sidecar and the detector's queue counted; late: "
+                 "answered after the SLO)")
     summary = (f"# Loki live demo\n\n{args.base_qps:g} frames/s, {args.burst_qps:g} in the middle third, SLO "
                f"{args.slo_ms:g} ms, {args.duration_s:g} s; stage models emulated x{args.slowdown:g}; a budget of "
                f"{args.instances} instances.\n\n"

@@ -44,7 +44,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from python_backend.loki_routing import Allowance, Choice, expiring, next_hop, too_late
+from python_backend.loki_routing import (
+    DEQUEUES,
+    Allowance,
+    Choice,
+    drops_at_dequeue,
+    expiring,
+    hopeless,
+    next_hop,
+    too_late,
+)
 from scheduler_sidecar.core.plan import Plan
 from scheduler_sidecar.core.policy import Policy
 from scheduler_sidecar.core.queue import QueueView
@@ -62,7 +71,6 @@ BUDGETS = ("paper", "artifact", "proportional")
 # (2fca08e) took the effective capacity from 2.0x InferLine's to 0.067x. The proportional rule (ours) gives
 # 2 x l's results within a point on the same sweep (to 300 frames/s) and is kept for comparison.
 DEFAULT_BUDGET = "artifact"
-DEQUEUES = ("none", "hopeless", "artifact")
 # Decision (issue 44): what per-task dropping and rerouting also check before a batch runs.
 # - ``none``, the paper's text: a query is checked only once it has run at its task, so a backlog built in a
 #   burst is served to its end, nearly every query of it already late.
@@ -71,8 +79,9 @@ DEQUEUES = ("none", "hopeless", "artifact")
 #   before it runs. It is a violation whatever Loki does; dropping it frees the worker for queries that can still
 #   make it, the aim the paper gives early dropping (§5.2). The one query it can drop that could have made it is
 #   one that would have created no query downstream (a frame with no objects), which no check can know before it
-#   runs. Live, the sidecar makes the same check for a frame before the pipeline's BLS model runs (with the
-#   pipeline's slowest path, BlsPolicy's late-query drop); the BLS model makes none between its stages.
+#   runs. Live, the pipeline's BLS model makes the same check before each stage batch (:func:`hopeless`, shared);
+#   the sidecar also drops a frame before the BLS with the pipeline's slowest path (the decision and its
+#   measurements: :class:`~scheduler_sidecar.systems.loki.live.LokiPipeline`).
 # - ``artifact``, the artifact's pop_while_first_expires: a query at the head of the queue that would end past its
 #   task's budget (waited + l > budget) is dropped, unless (rerouting) a faster backup downstream can absorb the
 #   overrun.
@@ -194,7 +203,7 @@ class Router:
 
     @property
     def drops_at_dequeue(self) -> bool:
-        return self.dequeue != "none" and self.drop in (DropMode.PER_TASK, DropMode.REROUTING)
+        return drops_at_dequeue(self.drop.value, self.dequeue)
 
     def absorbs(self, worker_id: int, task: str, overrun_us: int) -> bool:
         """Rerouting at dequeue: some child task of ``task`` has a backup that runs faster than where the worker's
@@ -357,7 +366,7 @@ class LokiTask(Policy):
             latency = self.pipeline.variant(variant).latency
             for q in mine.scan():
                 ms = latency.p50_at(min(len(mine) - late, planned))
-                if now_us + round(ms * 1000) + self._rest_us[variant] <= q.deadline_us:
+                if not hopeless(q.deadline_us - now_us, round(ms * 1000), self._rest_us[variant]):
                     break
                 late += 1
             return late
