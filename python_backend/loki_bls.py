@@ -7,7 +7,8 @@ kind 0 a digit, 1 a shape; label -1 when dropped; model an index into the config
 dropped, the detector's model index, the plan's version, the stage-model instances the plan runs). ``STAGE_MS``
 FP32 [3]: when the sidecar sent the frame (its ``waited_ms``), when its detector batch came back and when its last
 crop was labelled (the detector's time where it had none), each in ms since the frame's arrival at the sidecar (its
-``waited_ms`` plus this execution's time): where a frame's time goes, stage by stage, beside the simulator's.
+``waited_ms`` plus this execution's time; 0 for a frame dropped before its detector ran, whose STATUS names no
+detector): where a frame's time goes, stage by stage, beside the simulator's.
 
 The plan comes with each request as the parameter ``loki_plan`` (a JSON object; the sidecar sends the load
 balancer's tables) or, without one, from ``plan.json`` beside this file (written by the deployment). A plan has::
@@ -23,7 +24,8 @@ balancer's tables) or, without one, from ``plan.json`` beside this file (written
 
 Per-frame request parameters (JSON lists, one number per row of the request, in its order): ``waited_ms``, how
 long the frame had waited since its arrival at the sidecar when the sidecar sent it (absent: 0), and
-``left_ms``, the time it had left until its deadline then (absent: no deadline, last-task drops nothing).
+``left_ms``, the time it had left until its deadline then (absent: no deadline, no check before a batch drops
+anything).
 
 For each frame the detector is drawn from the frontend's table; the frames of one detector run in batches of its
 planned size. Each detection's crop goes to the child task of its kind, to a classifier drawn from the detector's
@@ -43,7 +45,9 @@ opportunistic rerouting, §5.2) says otherwise; exactly as in the simulator:
   batch (the model's ``exec_ms``) even if every stage after it ran as fast as any variant can (its ``rest_ms``) is
   dropped before the batch runs: a frame before its detector (answered dropped, with no objects), a crop before
   its classifier. Decision: the batch's time is the plan's at the planned batch size, which the simulator takes
-  at the size the batch has; a smaller batch than planned is checked a little early.
+  at the size the batch has; a smaller batch than planned is checked a little early. A detector batch is formed
+  before its check, so a frame dropped there is not replaced by the next frame, as a simulated worker would take
+  it (with the sidecar's requests of up to 4 frames, rarely more than a frame a batch).
 
 The stages run as the pipeline allows (``async def execute``, ``async_exec``), as the simulator's workers do: an
 execution's detector batches are all in flight at once, as many of one detector as the plan runs instances of it,
@@ -61,8 +65,8 @@ and Triton may run them all at once, so each takes an equal share, spare / insta
 never reroute more than the spare capacity (the simulator's invariant); a share below one query a second
 reroutes nothing.
 
-Every frame's answer says what served it; a frame with any crop dropped is "dropped" (it missed its SLO), with
-what was served. The reason for a drop goes to the log at verbose level. Malformed plans and parameters fail
+Every frame's answer says what served it; a frame with any crop dropped, or dropped before its detector, is
+"dropped" (it missed its SLO), with what was served. The reason for a drop goes to the log at verbose level. Malformed plans and parameters fail
 their own request only.
 
 Test hook: with the config parameter ``scripted_delays`` = "1", a request parameter ``detect_delay_ms`` makes each
@@ -161,8 +165,9 @@ class TritonPythonModel:
 
     def _check(self, plan: object) -> None:
         """A plan names only this pipeline's stage models, with a budget (detectors), an execution time
-        (classifiers) and a batch size each, tables of non-negative weights and backups of non-negative spare
-        capacity: anything else is refused before a frame runs."""
+        (classifiers; with the check before a batch, every stage model, and its rest too) and a batch size each,
+        tables of non-negative weights and backups of non-negative spare capacity: anything else is refused before
+        a frame runs."""
         if not isinstance(plan, dict) or not isinstance(plan.get("tables"), dict):
             raise ValueError("the plan must be an object with 'tables'")
         if plan.get("drop", "rerouting") not in DROP_MODES:
@@ -213,7 +218,8 @@ class TritonPythonModel:
             rows += [(d["row"], d["col"], d["kind"], -1, -1, 2) for d in f.dropped]
             if rows:
                 objects[i, :min(len(rows), MAX_OBJECTS)] = rows[:MAX_OBJECTS]
-            status[i] = (bool(f.dropped) or f.hopeless, self.index.get(f.detector, -1), f.plan.get("version") or 0,
+            detector = -1 if f.hopeless else self.index.get(f.detector, -1)  # its detector never ran
+            status[i] = (bool(f.dropped) or f.hopeless, detector, f.plan.get("version") or 0,
                          sum(f.plan.get("instances", {}).values()))
         stage_ms = np.array([(f.waited_ms, f.detected_ms, f.done_ms) for f in frames], np.float32).reshape(-1, 3)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OBJECTS", objects),
@@ -373,7 +379,7 @@ def _too_late(plan: dict, model: str, left_ms: float) -> bool:
 
 def _slots(slots: dict[str, asyncio.Semaphore], model: str, plan: dict) -> asyncio.Semaphore:
     """``model``'s calls in flight from this execution: at most the instances the plan runs of it (1 where it says
-    none), so that a batch is sent, and last-task's check made, when an instance of it is free, as the simulator
+    none), so that a batch is sent, and the check before it made, when an instance of it is free, as the simulator
     starts a batch when a worker is."""
     if model not in slots:
         slots[model] = asyncio.Semaphore(plan.get("instances", {}).get(model, 1))

@@ -219,7 +219,8 @@ def test_the_hopeless_check_drops_a_frame_before_its_detector_and_a_crop_before_
     assert crops_dropped["status"] == "dropped" and crops_dropped["detected_ms"] >= 250
     assert crops_dropped["objects"] and {o["outcome"] for o in crops_dropped["objects"]} == {"dropped"}
     assert frame_dropped["status"] == "dropped" and frame_dropped["objects"] == []
-    assert frame_dropped["detected_ms"] == 0.0
+    assert frame_dropped["detector"] is None and frame_dropped["detected_ms"] == 0.0  # no detector ran
+    assert served["detector"] == crops_dropped["detector"] == "loki_detect_cc"
     for bad in ({**plan, "dequeue": "artifact"}, {**plan, "rest_ms": {}}):
         with pytest.raises(grpcclient.InferenceServerException, match="dequeue|rest_ms"):
             _send(server, frames[:1], loki_plan=bad)

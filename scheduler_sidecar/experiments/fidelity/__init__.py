@@ -38,7 +38,8 @@ from scheduler_sidecar.systems.hybridserve.planner import MODES
 SYSTEMS = {"superserve": "supernet", "ramsis": "supernet", "proteus": "proteus", "loki": "loki",
            "hybridserve": "hybridserve"}
 
-EMULATED = ("superserve", "ramsis", "hybridserve")  # the systems --slowdown emulates a device for (the others bring their own)
+# the systems --slowdown emulates a device for, their default SLO scaled with it (the others bring their own)
+EMULATED = ("superserve", "ramsis", "hybridserve")
 SLO_MS = {"superserve": 30.0, "ramsis": 30.0, "proteus": 100.0, "loki": 200.0, "hybridserve": 4000.0}  # defaults
 
 
@@ -67,8 +68,8 @@ def register_bench(kinds: argparse._SubParsersAction) -> None:
                    help="superserve, ramsis: serve on an emulated device F times slower than this machine (its "
                         "profile's latencies F times longer, the default SLO too), so that the model, not this "
                         "machine's cores, bounds the capacity (default: 1); hybridserve: F times slower than the "
-                        "demo's emulated device, so that the cascade's capacity, not these cores, bounds a load of "
-                        "1.3x (with the family built here it came to 1,132 requests/s at F = 1)")
+                        "demo's emulated device (the default SLO too), so that the cascade's capacity, not these "
+                        "cores, bounds a load of 1.3x (a family built here planned 1,132 requests/s at F = 1)")
     f.add_argument("--duration-s", type=float, default=30.0, help="length of a generated trace (default: 30)")
     f.add_argument("--policy", default="slackfit", help="superserve: the policy of both drivers (default: slackfit)")
     f.add_argument("--workers", type=int, default=1, help="superserve, ramsis: Triton servers, one worker each "

@@ -1,9 +1,10 @@
 """``accscale bench fidelity --system hybridserve``: HybridServe live against HybridServe simulated.
 
 The HybridServe demo's family (:mod:`scheduler_sidecar.experiments.hybridserve.demo`) on one Triton whose models run
-its emulated slowdown (``--slowdown`` times it: a device that much slower), the cascade the planner searches (``--mode``, ``--instances``, ``--rounding``, ``--no-prune``),
-and a gamma trace (CV² 4) at ``--rate-qps`` (or ``--load`` times the cost model's capacity on the replicas) whose
-payload indices are samples of the family's test split. Served two ways (``--serving``):
+its emulated slowdown (``--slowdown`` times it: a device that much slower), the cascade the planner searches
+(``--mode``, ``--instances``, ``--rounding``, ``--no-prune``), and a gamma trace (CV² 4) at ``--rate-qps`` (or
+``--load`` times the cost model's capacity on the replicas) whose payload indices are samples of the family's test
+split. Served two ways (``--serving``):
 
 - ``staged`` (the default): as the paper serves it, and as the simulator runs it. Each cascade model is a logical
   model of the sidecar (:mod:`~scheduler_sidecar.systems.hybridserve.stages`) on its replicas' Triton instances, set
@@ -68,7 +69,8 @@ def hybridserve(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict
     """See the module notes."""
     stamp = build(args.build_dir / "hybridserve")
     family = Family.load(stamp)
-    config = HybridServeConfig(args.instances or INSTANCES, args.rounding, demo.default_slowdown(family) * args.slowdown)
+    slowdown = demo.default_slowdown(family) * args.slowdown
+    config = HybridServeConfig(args.instances or INSTANCES, args.rounding, slowdown)
     progress(f"searching {args.mode}'s cascade (Algorithm 1{', 2' if args.prune else ''})")
     # the sidecar's planner makes the same search from the same options
     planner = HybridServePlanner.from_family(stamp, args.mode, demo.BLS, config, prune=args.prune)

@@ -296,7 +296,8 @@ async def drive(url: str, triton_url: str, models: list[str], best: set[str], ar
         runs = [m for m in (f.answer["detector"], *(o["model"] for o in f.answer["objects"])) if m]
         s["runs"] += len(runs)
         s["best"] += sum(m in best for m in runs)
-        detectors[window][f.answer["detector"]] += 1
+        if f.answer["detector"]:  # none for a frame the pipeline dropped before its detector ran
+            detectors[window][f.answer["detector"]] += 1
         plans[window] = max(plans.get(window, (-1, 0)), (f.answer["plan"], f.answer["instances"]))
         if f.answer["status"] == "dropped":
             s["dropped"] += 1
@@ -353,7 +354,7 @@ def write(out: Path, rows: list[dict], args, by_stage: dict[str, dict[str, list[
                "live fell short of the simulation; of the burst's frames live did not meet, "
                + ", ".join(f"{v} {k}" for k, v in short.items())
                + " (refused: the sidecar dropped them before the pipeline ran, having too little time left for "
-                 "any detector of the plan and the fastest rest of the path; dropped: by the pipeline, a frame or "
+                 "its slowest path; dropped: by the pipeline, a frame or "
                  "crop without the time left for its stage and the fastest rest, or a crop past its task's budget "
                  "with no backup to take it, its wait in the sidecar and the detector's queue counted; late: "
                  "answered after the SLO)")
