@@ -231,6 +231,14 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
     # the same simulation with each frame's fan-out drawn (its detector's mean), its gaps beside
     drawn = result["with_drawn_fanout"]
     assert set(drawn["attainment_gap_pts"]) == set(drawn["accuracy_gap_pts"]) == {"client", "sidecar"}
+    # the met frames by their detector, each side: they add up to its met frames and to its mean accuracy
+    for side, met in (("live", result["live_sidecar"]), ("simulated", result["simulated"])):
+        by = result["met_by_detector"][side]
+        frames = sum(d["frames"] for d in by.values())
+        assert frames == round(met["slo_attainment"] * result["queries"]), side
+        if frames:
+            mean = sum(d["frames"] * d["mean_accuracy"] for d in by.values()) / frames
+            assert mean == pytest.approx(met["mean_serving_accuracy"], abs=1e-3), side
 
 
 @pytest.mark.parametrize("flag", ["--window-s", "--duration-s", "--burst-qps"])

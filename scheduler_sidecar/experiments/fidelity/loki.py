@@ -122,7 +122,22 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                      "simulated": p50_p99(stages.frame_ms(run_.result, ~np.isnan(run_.frames.accuracy)))},
                  "frame_stages": {
                      "live": stages.live(answered),
-                     "simulated": stages.simulated(run_.result, ~np.isnan(run_.frames.accuracy))}})
+                     "simulated": stages.simulated(run_.result, ~np.isnan(run_.frames.accuracy))},
+                 # the met frames by the detector that served them: how many, and their mean accuracy (where the
+                 # accuracy gap comes from: a detector mix, or the frames each detector's side met)
+                 "met_by_detector": {
+                     "live": _by_detector([(f.answer["detector"], accuracy(f.answer))
+                                           for f, ok in zip(frames, served) if ok and f.sidecar_us <= slo_us]),
+                     "simulated": _by_detector([(run_.result.variant[i], run_.frames.accuracy[i])
+                                                for i in np.flatnonzero(met)])}})
+
+
+def _by_detector(frames: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
+    """(detector, accuracy) per met frame -> per detector: its frames and their mean accuracy."""
+    out: dict[str, list[float]] = {}
+    for detector, accuracy in frames:
+        out.setdefault(detector, []).append(float(accuracy))
+    return {d: {"frames": len(a), "mean_accuracy": round(float(np.mean(a)), 4)} for d, a in sorted(out.items())}
 
 
 def simulated_stages(pipeline: Pipeline, result) -> dict[str, dict]:
