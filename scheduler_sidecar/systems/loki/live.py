@@ -80,8 +80,6 @@ def bls_plan(pipeline: Pipeline, routing: Routing, *, drop: DropMode | str = Dro
         for w, spare in entries:
             backups.setdefault(task, {})
             backups[task][variant[w]] = backups[task].get(variant[w], 0.0) + spare
-    if dequeue not in BLS_DEQUEUES:
-        raise ValueError(f"loki: the BLS model checks {BLS_DEQUEUES} before a batch, not {dequeue!r}")
     return {"version": version, "drop": DropMode(drop).value, "dequeue": dequeue, "tables": tables, "exec_ms": exec_ms,
             # each variant's fastest rest of its path (the hopeless check's lower bound, as the simulator's)
             "rest_ms": {v: fastest_rest_ms(pipeline, v) for v in exec_ms},
