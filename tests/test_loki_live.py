@@ -239,6 +239,13 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
         if frames:
             mean = sum(d["frames"] * d["mean_accuracy"] for d in by.values()) / frames
             assert mean == pytest.approx(met["mean_serving_accuracy"], abs=1e-3), side
+        # every frame by its detector and outcome: each side's frames, its met ones as counted above, and the
+        # frames it refused or dropped before a detector ran under "none" alone
+        outcomes = result["outcomes_by_detector"][side]
+        assert sum(sum(o.values()) for o in outcomes.values()) == result["queries"], side
+        assert {d: o["met"] for d, o in outcomes.items() if o["met"]} == {d: b["frames"] for d, b in by.items()}, side
+        assert all(o["met"] == o["late"] == 0 for d, o in outcomes.items() if d == "none"), side
+        assert all(o["refused"] == 0 for d, o in outcomes.items() if d != "none"), side
 
 
 @pytest.mark.parametrize("flag", ["--window-s", "--duration-s", "--burst-qps"])

@@ -17,7 +17,10 @@ end, since their last load; a BLS model's batch time is its whole pipeline's); s
 p50 and p99 from their arrival at the task (a crop's arrival is its frame's detector batch's end) to their answer,
 and their mean wait (each variant's mean batch, both sides, is ``mean_batch``). And the frames' latency p50 and p99,
 live in the sidecar's and the client's view and simulated, and how it divides among the stages of a served frame
-(``frame_stages``, :mod:`scheduler_sidecar.experiments.loki.stages`).
+(``frame_stages``, :mod:`scheduler_sidecar.experiments.loki.stages`). Per detector, each side's met frames with
+their mean accuracy (``met_by_detector``), and every frame by outcome (``outcomes_by_detector``: met, late, dropped,
+refused; "none" for a frame no detector ran): where an accuracy gap comes from, the detector mix or each detector's
+frames.
 """
 
 from __future__ import annotations
@@ -129,7 +132,32 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                      "live": _by_detector([(f.answer["detector"], accuracy(f.answer))
                                            for f, ok in zip(frames, served) if ok and f.sidecar_us <= slo_us]),
                      "simulated": _by_detector([(run_.result.variant[i], run_.frames.accuracy[i])
-                                                for i in np.flatnonzero(met)])}})
+                                                for i in np.flatnonzero(met)])},
+                 # every frame by the detector that ran it ("none": dropped or refused before one ran) and its
+                 # outcome: whether a detector's frames are fewer on one side, or more of them fail there
+                 "outcomes_by_detector": {
+                     "live": _outcomes([(f.answer["detector"] if f.answer else "",
+                                         _live_outcome(f, ok, slo_us)) for f, ok in zip(frames, served)]),
+                     "simulated": _outcomes([(run_.result.variant[i] or "",
+                                              "met" if met[i] else "dropped" if run_.frames.dropped[i] else "late")
+                                             for i in range(len(met))])}})
+
+
+def _live_outcome(frame, served: bool, slo_us: int) -> str:
+    if frame.answer is None:
+        return "refused"  # by the sidecar, before the pipeline ran
+    if not served:
+        return "dropped"  # by the pipeline: the frame, or a crop of it
+    return "met" if frame.sidecar_us <= slo_us else "late"
+
+
+def _outcomes(frames: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """(detector or "", outcome) per frame -> per detector ("none" for ""): its frames by outcome."""
+    out: dict[str, dict[str, int]] = {}
+    for detector, outcome in frames:
+        counts = out.setdefault(detector or "none", {"met": 0, "late": 0, "dropped": 0, "refused": 0})
+        counts[outcome] += 1
+    return dict(sorted(out.items()))
 
 
 def _by_detector(frames: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
