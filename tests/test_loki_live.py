@@ -202,6 +202,12 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["queries"] == result["live_sidecar"]["queries"] == 20
     assert result["simulated_plans"] and result["instances"] == 6
+    # each side's plans, from the sidecar's log and from the simulation: the first of each is the start's
+    plans = result["plans"]
+    assert [step for _, _, step in plans["simulated"]] == result["simulated_plans"]
+    for side in ("live", "simulated"):
+        times = [t for t, _, _ in plans[side]]
+        assert plans[side] and times == sorted(times) and all(q > 0 for _, q, _ in plans[side]), side
     # the simulation starts when the sidecar did: its frames come after the first plan's models loaded
     assert result["replay_after_start_s"] > 0
     for side in ("client", "sidecar"):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +44,9 @@ from scheduler_sidecar.systems.loki.data import trained
 from scheduler_sidecar.systems.loki.pipeline import Pipeline
 from scheduler_sidecar.systems.loki.planner import DEFAULT_HEADROOM
 
+# the sidecar's log line of each plan (live/driver.py), with what a Loki plan says of itself (LokiPlan.describe)
+PLAN = re.compile(r"plan asked for at ([\d.]+) s, ready at [\d.]+ s \(since the start\): demand ([\d.]+) q/s, "
+                  r"(\w+) step")
 INSTANCES = 6  # --instances' default: twice the tasks, so that hardware scaling has room
 
 
@@ -92,6 +96,10 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
     arrival_s = trace.arrival_s + offset_s
     run_ = loki_demo.simulate_beside(stamp, demo, arrival_s, load_ms)
     met = run_.frames.met
+    # beside the live frames (frames.json), the simulated ones: each frame's detector and outcome, in trace order
+    (tmp / "simulated_frames.json").write_text(json.dumps([
+        {"arrival_s": float(a), "detector": v or "", "met": bool(m), "dropped": bool(d)}
+        for a, v, m, d in zip(arrival_s, run_.result.variant, met, run_.frames.dropped)]))
     # beside it, the same simulation with each frame's fan-out drawn from its detector's mean, as before each frame
     # had its own: how much of the gap the fan-out explains
     drawn = loki_demo.simulate_beside(stamp, demo, arrival_s, load_ms, own_fanout=False).frames
@@ -110,6 +118,11 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                  "live_outcomes": {"refused": sum(f.answer is None for f in frames),
                                    "dropped": sum(f.answer is not None and not ok for f, ok in zip(frames, served))},
                  "simulated": simulated, "simulated_plans": [p.step for p in run_.plans],
+                 # each side's plans, [s since the sidecar's start, demand q/s, step]: the controllers see the same
+                 # arrivals, so a plan that differs is where the two runs part
+                 "plans": {"live": [[float(t), float(q), step] for t, q, step in PLAN.findall(log)],
+                           "simulated": [[round(p.at_us / 1e6, 3), round(p.demand_qps, 2), p.step]
+                                         for p in run_.plans]},
                  "with_drawn_fanout": {k: v for k, v in gaps({"live_client": live_client, "live_sidecar": live_sidecar,
                                                               "simulated": with_drawn}).items()
                                        if not k.startswith("live_")},

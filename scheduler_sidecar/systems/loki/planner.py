@@ -76,6 +76,12 @@ class LokiPlan:
     # live, on several servers: engine worker -> its server's BLS plan (``bls`` is then None); see ``.servers``
     by_worker: Mapping[int, dict] | None = None
 
+    def describe(self) -> str:
+        """One line for the sidecar's log: a simulation of the run reports its plans alike (bench fidelity)."""
+        s = self.solution
+        return (f"demand {self.demand_qps:.2f} q/s, {s.step} step, {s.workers} workers, "
+                f"variants {' '.join(sorted({a.variant for a in s.allocations}))}")
+
 
 @dataclass(frozen=True, slots=True)
 class PlanRecord:
