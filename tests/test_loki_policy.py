@@ -105,6 +105,20 @@ def test_the_controller_replans_on_a_demand_change_and_keeps_workers() -> None:
     assert first.detail.routing.tables and second.detail.demand_qps > first.detail.demand_qps
 
 
+@pytest.mark.parametrize("start_us", [0, 14_925_121_707])  # a simulation's clock, and a live monotonic one
+def test_the_controller_counts_its_seconds_from_its_start_on_any_clock(start_us: int) -> None:
+    """The same arrivals, relative to the controller's first plan, make the same replans on any clock: its seconds
+    close a whole number of seconds after its start, not at the clock's whole seconds."""
+    planner = LokiPlanner(traffic_analysis(), range(20), LokiConfig(min_demand_qps=0), initial_demand_qps=100)
+    planner.plan(start_us, _demand())
+    # 100 frames in each of the first two seconds, then 160 a second: the first count past 20% closes at 3.0 s
+    asked = [(s + i / 200, planner.observe_arrival(start_us + round((s + i / 200) * 1e6),
+                                                   Query(0, i, i, 0, "object_detection")))
+             for s in range(4) for i in range(100 if s < 2 else 160)]
+    assert [at for at, replan in asked if replan][0] == 3.0
+    assert planner.demand(start_us + 3_000_000) == planner.demand(start_us + 3_999_999)
+
+
 def _demand():
     from scheduler_sidecar.core.plan import Demand
 
