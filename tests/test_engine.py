@@ -77,6 +77,33 @@ def test_plans_come_at_the_period_and_on_a_demand_jump():
     assert result.summary()["plans"] == len(planner.calls)
 
 
+def test_arrivals_while_the_engine_counts_no_demand_reach_no_planner():
+    """The live sidecar's warm-up requests at start: served, but no planner counts them as demand."""
+    from scheduler_sidecar.core.engine import Engine, QueryType
+
+    class Inline:  # plans at once; runs nothing (every worker is busy), so the queries stay queued
+        def __init__(self) -> None:
+            self.engine: Engine | None = None
+
+        def plan(self, planner, now_us, demand):
+            self.engine.apply_plan(planner, planner.plan(now_us, demand))
+
+        def wake_at(self, time_us):
+            pass
+
+    planner, executor = Recorder(), Inline()
+    engine = Engine([QueryType("", SlackFit(make_profile()))], [WorkerState(0, busy_until_us=10**12)], executor,
+                    clock=lambda: 0, on_end=lambda *a: None)
+    executor.engine = engine
+    engine.add_planner(planner)
+    engine.counting_demand = False
+    engine.arrive(*make_queries(12))  # past the Recorder's burst of 10: a plan, had it counted them
+    engine.counting_demand = True
+    assert planner.since == 0 and len(planner.calls) == 1 and len(engine.types[""].queue) == 12
+    engine.arrive(*(Query(10**6, i, i, 0) for i in range(12, 24)))
+    assert planner.since == 2 and len(planner.calls) == 2  # the tenth counted asked for a plan
+
+
 def test_a_policy_is_asked_at_its_wakeup_and_never_with_nothing_queued():
     """A policy that holds its query until 5 ms is asked again then; once the query is served, it is not asked
     after the batch's completion (its type's queue is empty)."""

@@ -173,6 +173,9 @@ class Engine:
         self.on_fault = on_fault
         self._faulted: set[tuple[str, tuple[str, ...]]] = set()  # (culprit, its types) whose traceback was logged
         self._plannings: list[_Planning] = []  # one per planner (add_planner), each over its scope
+        # whether the planners count arrivals as demand: live, the sidecar's warm-up requests at start are not
+        # clients' (counted, 8 at once made Loki's controller plan for a demand no client sent)
+        self.counting_demand = True
         self.num_decisions = 0
         self._running: dict[int, Batch] = {}  # worker id -> its running batch
         self._attempts: dict[int, int] = {}  # query id -> dispatches so far (only while it is not done)
@@ -211,7 +214,7 @@ class Engine:
         except Exception as exc:
             self._fault((qt,), qt.policy.name, exc)
             return
-        for state in self._plannings:
+        for state in self._plannings if self.counting_demand else ():
             if state.planner.scope.has_type(qt.name):
                 state.arrivals[qt.name] = state.arrivals.get(qt.name, 0) + 1
                 try:

@@ -165,6 +165,7 @@ class Sidecar:
         stats = {name: model.stats for name, model in self.models.items()}
         for model in self.models.values():
             model.stats = ModelMetrics(Metrics(), model.name)
+        self.driver.engine.counting_demand = False  # nor the planners: no client sent them
         try:
             for model in self.models.values():
                 rows = {t.name: bytes(t.row_bytes) for t in model.inputs.values()}
@@ -174,6 +175,7 @@ class Sidecar:
                 for error in {f"{type(a).__name__}: {a}" for a in answers if isinstance(a, Exception)}:
                     log.warning("model %s: a warm-up request failed: %s", model.name, error)
         finally:
+            self.driver.engine.counting_demand = True
             for name, model in self.models.items():
                 model.stats = stats[name]
         log.info("warmed up %s with %d request(s) each", sorted(self.models), slots)
