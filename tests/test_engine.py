@@ -102,6 +102,7 @@ def test_arrivals_while_the_engine_counts_no_demand_reach_no_planner():
     assert planner.since == 0 and len(planner.calls) == 1 and len(engine.types[""].queue) == 12
     engine.arrive(*(Query(10**6, i, i, 0) for i in range(12, 24)))
     assert planner.since == 2 and len(planner.calls) == 2  # the tenth counted asked for a plan
+    assert planner.calls[1][1].arrivals == {"": 10}  # and its demand is those ten alone
 
 
 def test_a_policy_is_asked_at_its_wakeup_and_never_with_nothing_queued():

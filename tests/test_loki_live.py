@@ -204,7 +204,6 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
     assert result["simulated_plans"] and result["instances"] == 6
     # each side's plans, from the sidecar's log and from the simulation: the first of each is the start's
     plans = result["plans"]
-    assert [step for _, _, step in plans["simulated"]] == result["simulated_plans"]
     for side in ("live", "simulated"):
         times = [t for t, _, _ in plans[side]]
         assert plans[side] and times == sorted(times) and all(q > 0 for _, q, _ in plans[side]), side
@@ -251,7 +250,6 @@ def test_loki_fidelity_scores_the_same_frames_live_and_simulated(tmp_path, capsy
         assert sum(sum(o.values()) for o in outcomes.values()) == result["queries"], side
         assert {d: o["met"] for d, o in outcomes.items() if o["met"]} == {d: b["frames"] for d, b in by.items()}, side
         assert all(o["met"] == o["late"] == 0 for d, o in outcomes.items() if d == "none"), side
-        assert all(o["refused"] == 0 for d, o in outcomes.items() if d != "none"), side
 
 
 @pytest.mark.parametrize("flag", ["--window-s", "--duration-s", "--burst-qps"])

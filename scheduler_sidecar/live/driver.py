@@ -704,9 +704,13 @@ class LiveDriver:
             return
         # when it was asked for and when it was ready, in seconds since the driver started (its clock's reading then
         # is logged once): a simulation of the run plans alike (bench fidelity); and what it is, where it says
-        describe = getattr(plan.detail, "describe", None)
+        try:
+            described = f": {plan.detail.describe()}" if hasattr(plan.detail, "describe") else ""
+        except Exception:  # a report only: the plan is applied all the same
+            log.exception("describing a plan failed")
+            described = ""
         log.info("plan asked for at %.6f s, ready at %.6f s (since the start)%s", (now_us - self.started_us) / 1e6,
-                 (self.clock() - self.started_us) / 1e6, f": {describe()}" if describe is not None else "")
+                 (self.clock() - self.started_us) / 1e6, described)
         self._guard(self.engine.apply_plan, planner, plan)
 
     def _spawn(self, coro) -> None:

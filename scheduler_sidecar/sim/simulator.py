@@ -91,8 +91,8 @@ class Simulator:
 
     def run(self, arrival_us: Sequence[int] | np.ndarray, deadline_us: Sequence[int] | np.ndarray,
             query_types: Sequence[str] | None = None, *, start_us: int = 0) -> SimResult:
-        """``start_us``: the clock's reading when the run starts, and the planner with it (a live run's, to align
-        the planner's periods and whole seconds with it); the arrivals come no earlier."""
+        """``start_us``: the clock's reading when the run starts, and the planner with it (a live run's first plan, to
+        align the planner's periods and its seconds, which count from its start, with it); the arrivals come no earlier."""
         started = time.perf_counter()
         arrival = np.asarray(arrival_us, dtype=np.int64)
         deadline = np.asarray(deadline_us, dtype=np.int64)

@@ -15,7 +15,7 @@ added to every simulated batch: the RPC and Triton's own time (service time over
 batches) and the sidecar's turnaround between one batch's answer and the next batch's start on a worker (the median
 gap before full batches that were already queued). Scored over every query: live from the sidecar's /metrics summed
 over the models, simulated from the SimResult; accuracy as superserve's. Not simulated: the sidecar's warm-up (a
-request per worker and model after the first plan, seconds before the replay, counted in the planner's demand) and
+request per worker and model after the first plan, seconds before the replay; not counted as the planner's demand) and
 the spread of the per-batch overhead (a constant in the simulation). The planner asks for a burst plan at the arrival
 that tips its sliding counts (the seconds back from each arrival; ``--burst-window whole-seconds``, the rule before,
 decides only at a second's first arrival, so a count one query apart or a cooldown passed by a few ms, since the

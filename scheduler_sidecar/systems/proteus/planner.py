@@ -7,7 +7,7 @@ parameter) and, since the paper names no burst detector, whenever a type's arriv
 ``burst_factor`` (1.2) x its planned rate in each of the last ``burst_s`` (2) seconds, at most
 once per ``cooldown_s`` (2 s). Decision (``burst_window``): "sliding", the default, counts those
 seconds back from each arrival and asks at the arrival that tips them, so a few ms of jitter in
-the arrivals move a plan by a few ms; "whole-seconds", the rule before it, counts clock seconds
+the arrivals move a plan by a few ms; "whole-seconds", the rule before it, counts whole seconds
 and asks only as one closes, where the same jitter can move a plan by a whole second (live
 against simulated, bench fidelity proteus). The MILP's (pool, variant) counts become workers: a worker
 already hosting a variant the plan keeps stays as it is, so a plan moves as few workers as it
@@ -185,7 +185,7 @@ class ProteusPlanner(Planner):
             return any(self._bursting_since(q, now_us) for q in self.types)
 
     def _bursting(self, q: str) -> bool:
-        """The whole-seconds rule: each of the last ``burst_s`` closed clock seconds counted over the limit."""
+        """The whole-seconds rule: each of the last ``burst_s`` closed seconds (from the planner's start) counted over the limit."""
         recent = list(self._counts.history.get(q, ()))[-self.config.burst_s:]
         limit = self.config.burst_factor * self._planned.get(q, 0.0)
         return len(recent) == self.config.burst_s and all(c > limit for c in recent)
