@@ -88,7 +88,8 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
 
     served = [f.answer is not None and f.answer["status"] == "served" for f in frames]
     answered = [f for f, ok in zip(frames, served) if ok]  # served frames
-    live_sidecar = view([ok and f.sidecar_us <= slo_us for ok, f in zip(served, frames)])
+    met_live = [ok and f.sidecar_us <= slo_us for ok, f in zip(served, frames)]  # the sidecar's view
+    live_sidecar = view(met_live)
     live_client = view([ok and f.client_s <= args.slo_ms / 1000 for ok, f in zip(served, frames)])
     # the simulation starts when the sidecar did, the frames arriving when the replay sent them, seconds later (the
     # first plan's models load meanwhile): its controller's periods and demand counts fall as the sidecar's did
@@ -143,25 +144,25 @@ def loki(args: argparse.Namespace, tmp: Path, progress: Progress) -> dict:
                  # accuracy gap comes from: a detector mix, or the frames each detector's side met)
                  "met_by_detector": {
                      "live": _by_detector([(f.answer["detector"], accuracy(f.answer))
-                                           for f, ok in zip(frames, served) if ok and f.sidecar_us <= slo_us]),
+                                           for f, m in zip(frames, met_live) if m]),
                      "simulated": _by_detector([(run_.result.variant[i], run_.frames.accuracy[i])
                                                 for i in np.flatnonzero(met)])},
                  # every frame by the detector that ran it ("none": dropped or refused before one ran) and its
                  # outcome: whether a detector's frames are fewer on one side, or more of them fail there
                  "outcomes_by_detector": {
-                     "live": _outcomes([(f.answer["detector"] if f.answer else "",
-                                         _live_outcome(f, ok, slo_us)) for f, ok in zip(frames, served)]),
+                     "live": _outcomes([(f.answer["detector"] if f.answer else "", _live_outcome(f, ok, m))
+                                        for f, ok, m in zip(frames, served, met_live)]),
                      "simulated": _outcomes([(run_.result.variant[i] or "",
                                               "met" if met[i] else "dropped" if run_.frames.dropped[i] else "late")
                                              for i in range(len(met))])}})
 
 
-def _live_outcome(frame, served: bool, slo_us: int) -> str:
+def _live_outcome(frame, served: bool, met: bool) -> str:
     if frame.answer is None:
         return "refused"  # by the sidecar, before the pipeline ran
     if not served:
         return "dropped"  # by the pipeline: the frame, or a crop of it
-    return "met" if frame.sidecar_us <= slo_us else "late"
+    return "met" if met else "late"
 
 
 def _outcomes(frames: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
